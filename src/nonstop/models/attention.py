@@ -1,0 +1,105 @@
+"""The attention call site shared by training and the rollout engine.
+
+The model never decides how attention is computed: every decoder layer calls `backend(layer_idx, q, k, v)` on
+packed tokens and the backend owns the rest. Training passes `PackedAttention` (causal within each packed
+sequence, no padding, no KV cache); the rollout engine passes its paged backend, which writes k/v into the block
+cache through `slot_mapping` and attends over cached context. Keeping the model ignorant of caches is what lets one
+module definition serve both sides, with the engine sharing the trainer's parameter storage.
+
+Legend: T packed tokens, H query heads, K key/value heads, E head dim, N sequences.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+class AttentionBackend(Protocol):
+    def __call__(self, layer_idx: int, q_THE: Tensor, k_TKE: Tensor, v_TKE: Tensor) -> Tensor: ...
+
+
+def _varlen_kwargs() -> dict:
+    """torch 2.10 spelled causality `is_causal=True`; 2.11+ uses `window_size=(-1, 0)` and adds `enable_gqa`."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    params = inspect.signature(varlen_attn).parameters
+    kwargs = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    if "enable_gqa" in params:
+        kwargs["enable_gqa"] = True
+    return kwargs
+
+
+_VARLEN_KWARGS: dict | None = None
+
+
+def varlen_causal_attention(
+    q_THE: Tensor, k_TKE: Tensor, v_TKE: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_q: int, max_k: int
+) -> Tensor:
+    """FlashAttention-2 bundled in torch (CUDA, bf16/fp16). Causal alignment is bottom-right, so a query chunk that
+    extends a cached prefix (len_k > len_q) sees the whole prefix."""
+    global _VARLEN_KWARGS
+    from torch.nn.attention.varlen import varlen_attn
+
+    if _VARLEN_KWARGS is None:
+        _VARLEN_KWARGS = _varlen_kwargs()
+    if "enable_gqa" not in _VARLEN_KWARGS and k_TKE.shape[1] != q_THE.shape[1]:
+        group = q_THE.shape[1] // k_TKE.shape[1]
+        k_TKE, v_TKE = k_TKE.repeat_interleave(group, 1), v_TKE.repeat_interleave(group, 1)
+    return varlen_attn(q_THE, k_TKE, v_TKE, cu_seqlens_q, cu_seqlens_k, max_q, max_k, **_VARLEN_KWARGS)
+
+
+def reference_causal_attention(
+    q_THE: Tensor, k_TKE: Tensor, v_TKE: Tensor, cu_seqlens_q: list[int], cu_seqlens_k: list[int]
+) -> Tensor:
+    """Plain PyTorch, one SDPA call per sequence, bottom-right causal like FlashAttention. Runs anywhere; the
+    reference every fused path is tested against."""
+    out_THE = torch.empty_like(q_THE)
+    for i in range(len(cu_seqlens_q) - 1):
+        qs, qe, ks, ke = cu_seqlens_q[i], cu_seqlens_q[i + 1], cu_seqlens_k[i], cu_seqlens_k[i + 1]
+        if qe == qs:
+            continue
+        q_HSE = q_THE[qs:qe].transpose(0, 1)
+        k_KSE, v_KSE = k_TKE[ks:ke].transpose(0, 1), v_TKE[ks:ke].transpose(0, 1)
+        len_q, len_k = qe - qs, ke - ks
+        # Query j sits at absolute position len_k - len_q + j and sees keys up to there.
+        mask = torch.ones(len_q, len_k, dtype=torch.bool, device=q_THE.device).tril(diagonal=len_k - len_q)
+        o_HSE = F.scaled_dot_product_attention(q_HSE, k_KSE, v_KSE, attn_mask=mask, enable_gqa=True)
+        out_THE[qs:qe] = o_HSE.transpose(0, 1)
+    return out_THE
+
+
+def use_fused_attention(t: Tensor) -> bool:
+    return t.is_cuda and t.dtype in (torch.bfloat16, torch.float16)
+
+
+@dataclass
+class PackedAttention:
+    """Causal attention within each of N sequences packed back to back (training and full-sequence scoring)."""
+
+    cu_seqlens: Tensor  # [N + 1] int32, on the model's device
+    max_seqlen: int
+
+    @classmethod
+    def from_lengths(cls, lengths: list[int], device: torch.device | str) -> PackedAttention:
+        cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+        cu[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
+        return cls(cu.to(device), max(lengths))
+
+    def __call__(self, layer_idx: int, q_THE: Tensor, k_TKE: Tensor, v_TKE: Tensor) -> Tensor:
+        if use_fused_attention(q_THE):
+            return varlen_causal_attention(
+                q_THE, k_TKE, v_TKE, self.cu_seqlens, self.cu_seqlens, self.max_seqlen, self.max_seqlen
+            )
+        cu = self.cu_seqlens.tolist()
+        return reference_causal_attention(q_THE, k_TKE, v_TKE, cu, cu)
+
+
+def packed_positions(lengths: list[int], device: torch.device | str) -> Tensor:
+    """Positions 0..len-1 for each packed sequence, concatenated."""
+    return torch.cat([torch.arange(n, device=device) for n in lengths])
