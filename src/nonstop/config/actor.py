@@ -1,0 +1,81 @@
+"""`actor_rollout_ref.actor.*` (the policy update) and `actor_rollout_ref.ref.*` (the frozen reference)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import check, check_choice, check_positive_or_none
+from .optim import FSDPConfig, OptimConfig
+from .spec import option, section
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+KL_LOSS_TYPES = ("kl", "k1", "k2", "k3", "low_var_kl", "mse", "abs")
+POLICY_LOSS_MODES = ("vanilla", "gspo", "cispo")
+
+
+@dataclass
+class PolicyLossConfig:
+    loss_mode: str = option("vanilla", "Policy loss: vanilla (PPO clip, dual clip), gspo or cispo")
+
+    def __post_init__(self):
+        check_choice("loss_mode", self.loss_mode, POLICY_LOSS_MODES)
+
+
+@dataclass
+class ActorConfig:
+    ppo_mini_batch_size: int = option(256, "Prompts per optimizer step (times rollout.n samples)")
+    ppo_micro_batch_size_per_gpu: int | None = option(
+        None, "Samples per forward/backward on one GPU; null = the whole mini-batch shard"
+    )
+    use_dynamic_bsz: bool = option(False, "Build micro-batches to a token budget instead of a sample count")
+    ppo_max_token_len_per_gpu: int = option(16384, "Token budget of one micro-batch when use_dynamic_bsz")
+    ppo_epochs: int = option(1, "Passes over each step's batch")
+    shuffle: bool = option(False, "Shuffle samples between mini-batches")
+    data_loader_seed: int = option(42, "Seed of that shuffle")
+    clip_ratio: float = option(0.2, "PPO clip range, used where clip_ratio_low/high are not set")
+    clip_ratio_low: float = option(0.2, "Lower PPO clip: ratio >= 1 - clip_ratio_low")
+    clip_ratio_high: float = option(0.2, "Upper PPO clip: ratio <= 1 + clip_ratio_high (DAPO clip-higher)")
+    clip_ratio_c: float = option(3.0, "Dual-clip bound for negative advantages (> 1)")
+    policy_loss: PolicyLossConfig = section(PolicyLossConfig, "Policy loss family")
+    loss_agg_mode: str = option("token-mean", "How token losses become one number")
+    entropy_coeff: float = option(0.0, "Weight of the entropy bonus")
+    use_kl_loss: bool = option(False, "Add a KL-to-reference term to the loss (GRPO); needs the reference pass")
+    kl_loss_coef: float = option(0.001, "Weight of the KL loss")
+    kl_loss_type: str = option("low_var_kl", "KL estimator of the KL loss (k3 = low_var_kl, k1 = kl)")
+    grad_clip: float = option(1.0, "Gradient-norm clip")
+    optim: OptimConfig = section(OptimConfig, "Actor optimizer")
+    fsdp_config: FSDPConfig = section(FSDPConfig, "Actor sharding and precision")
+
+    def __post_init__(self):
+        check(self.ppo_mini_batch_size >= 1, "ppo_mini_batch_size", self.ppo_mini_batch_size, "must be >= 1")
+        check_positive_or_none("ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu)
+        check(
+            self.ppo_max_token_len_per_gpu >= 1,
+            "ppo_max_token_len_per_gpu",
+            self.ppo_max_token_len_per_gpu,
+            "must be >= 1",
+        )
+        check(self.ppo_epochs >= 1, "ppo_epochs", self.ppo_epochs, "must be >= 1")
+        for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
+            check(getattr(self, key) >= 0, key, getattr(self, key), "must be >= 0")
+        check(self.clip_ratio_c > 1, "clip_ratio_c", self.clip_ratio_c, "must be > 1 (dual-clip lower bound)")
+        check_choice("loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
+        check(self.kl_loss_coef >= 0, "kl_loss_coef", self.kl_loss_coef, "must be >= 0")
+        check_choice("kl_loss_type", self.kl_loss_type, KL_LOSS_TYPES)
+        check(self.grad_clip > 0, "grad_clip", self.grad_clip, "must be > 0")
+
+
+@dataclass
+class RefConfig:
+    log_prob_micro_batch_size_per_gpu: int | None = option(
+        None, "Samples per reference forward on one GPU; null = actor's ppo_micro_batch_size_per_gpu"
+    )
+    log_prob_use_dynamic_bsz: bool | None = option(None, "Token-budget micro-batches; null = actor's use_dynamic_bsz")
+    log_prob_max_token_len_per_gpu: int | None = option(
+        None, "Token budget per micro-batch; null = actor's ppo_max_token_len_per_gpu"
+    )
+    fsdp_config: FSDPConfig = section(FSDPConfig, "Reference sharding and precision")
+
+    def __post_init__(self):
+        check_positive_or_none("log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu)
+        check_positive_or_none("log_prob_max_token_len_per_gpu", self.log_prob_max_token_len_per_gpu)

@@ -1,0 +1,19 @@
+"""The embedded default run: SmolLM2-135M-Instruct (actor_rollout_ref.model.path=null) on the built-in task
+(data.train_files=null), sized to finish in minutes on two CPU cores.
+
+The schema's defaults are verl's, so a pasted verl command line means what it meant in verl; this short list is
+applied before the user's overrides only when `nonstop train` is given no config file.
+"""
+
+EMBEDDED_RUN_OVERRIDES: tuple[str, ...] = (
+    "algorithm.adv_estimator=grpo",
+    "data.train_batch_size=8",
+    "data.max_prompt_length=128",
+    "data.max_response_length=64",
+    "actor_rollout_ref.rollout.n=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+    "actor_rollout_ref.actor.optim.lr=1e-5",
+    "trainer.total_training_steps=30",
+    "trainer.val_before_train=False",
+    "trainer.experiment_name=smollm2_builtin",
+)

@@ -1,0 +1,75 @@
+"""`actor_rollout_ref.rollout.*`: nonstop's generation engine (vLLM's option names) and its sampling."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import check, check_choice, check_positive_or_none
+from .optim import DTYPES
+from .spec import option, section
+
+
+def _check_sampling(temperature: float, top_k: int, top_p: float, n: int) -> None:
+    check(temperature >= 0, "temperature", temperature, "must be >= 0")
+    check(top_k >= -1, "top_k", top_k, "must be >= -1 (-1 or 0 = off)")
+    check(0 < top_p <= 1, "top_p", top_p, "must be in (0, 1]")
+    check(n >= 1, "n", n, "must be >= 1")
+
+
+@dataclass
+class ValKwargsConfig:
+    temperature: float = option(0.0, "Validation sampling temperature (0 = greedy)")
+    top_k: int = option(-1, "Validation top-k; -1 = off")
+    top_p: float = option(1.0, "Validation top-p")
+    n: int = option(1, "Samples per validation prompt")
+    do_sample: bool = option(False, "Sample during validation; false = greedy")
+
+    def __post_init__(self):
+        _check_sampling(self.temperature, self.top_k, self.top_p, self.n)
+
+
+@dataclass
+class RolloutConfig:
+    n: int = option(1, "Responses sampled per prompt (the GRPO group size)")
+    temperature: float = option(1.0, "Sampling temperature")
+    top_k: int = option(-1, "Top-k sampling; -1 = off")
+    top_p: float = option(1.0, "Top-p (nucleus) sampling")
+    do_sample: bool = option(True, "Sample; false = greedy")
+    ignore_eos: bool = option(False, "Keep generating past EOS up to data.max_response_length")
+    gpu_memory_utilization: float = option(
+        0.5, "Fraction of GPU memory the engine may fill (weights + KV cache) while generating"
+    )
+    dtype: str = option("bfloat16", "Dtype of the engine's weights and KV cache")
+    max_num_seqs: int = option(256, "Most sequences decoded together")
+    max_num_batched_tokens: int = option(8192, "Most tokens in one engine step (prefill chunk + decodes)")
+    max_model_len: int | None = option(None, "Longest sequence the engine holds; null = prompt + response length")
+    enable_chunked_prefill: bool = option(True, "Split long prefills across engine steps")
+    enable_prefix_caching: bool = option(True, "Reuse KV blocks of shared prompt prefixes (reset after weight updates)")
+    enforce_eager: bool = option(False, "Decode without CUDA graphs")
+    cudagraph_capture_sizes: list[int] | None = option(None, "Decode batch sizes captured as CUDA graphs; null = auto")
+    free_cache_engine: bool = option(True, "Release the KV cache while training (sync mode), resume after")
+    log_prob_micro_batch_size_per_gpu: int | None = option(
+        None, "Samples per old-log-prob forward on one GPU; null = actor's ppo_micro_batch_size_per_gpu"
+    )
+    log_prob_use_dynamic_bsz: bool | None = option(None, "Token-budget micro-batches; null = actor's use_dynamic_bsz")
+    log_prob_max_token_len_per_gpu: int | None = option(
+        None, "Token budget per micro-batch; null = actor's ppo_max_token_len_per_gpu"
+    )
+    val_kwargs: ValKwargsConfig = section(ValKwargsConfig, "Sampling for validation")
+
+    def __post_init__(self):
+        _check_sampling(self.temperature, self.top_k, self.top_p, self.n)
+        check(
+            0 < self.gpu_memory_utilization <= 1,
+            "gpu_memory_utilization",
+            self.gpu_memory_utilization,
+            "must be in (0, 1]",
+        )
+        check_choice("dtype", self.dtype, DTYPES)
+        check(self.max_num_seqs >= 1, "max_num_seqs", self.max_num_seqs, "must be >= 1")
+        check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", self.max_num_batched_tokens, "must be >= 1")
+        check_positive_or_none("max_model_len", self.max_model_len)
+        sizes = self.cudagraph_capture_sizes
+        check(sizes is None or all(s >= 1 for s in sizes), "cudagraph_capture_sizes", sizes, "sizes must be >= 1")
+        check_positive_or_none("log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu)
+        check_positive_or_none("log_prob_max_token_len_per_gpu", self.log_prob_max_token_len_per_gpu)

@@ -1,0 +1,68 @@
+"""Sections validate themselves when built directly; coercion rules; the root fills inherited keys."""
+
+import pytest
+
+from nonstop.config import ConfigError, NonstopConfig, load_config
+from nonstop.config.actor import ActorConfig
+from nonstop.config.coerce import coerce
+from nonstop.config.rollout import RolloutConfig
+
+
+def test_section_errors_use_field_names():
+    with pytest.raises(ConfigError, match=r"^n=0: must be >= 1$"):
+        RolloutConfig(n=0)
+    with pytest.raises(ConfigError, match=r"^clip_ratio_c=0.5: must be > 1"):
+        ActorConfig(clip_ratio_c=0.5)
+
+
+@pytest.mark.parametrize(
+    ("value", "tp", "expected"),
+    [
+        (1, float, 1.0),
+        ("1e-6", float, 1e-6),  # PyYAML reads 1e-6 as a string
+        (4.0, int, 4),
+        (None, int | None, None),
+        (3, int | None, 3),
+        ("console", list[str], ["console"]),
+        ([1, 2], list[int], [1, 2]),
+        ("a.parquet", str | list[str] | None, "a.parquet"),
+        (["a", "b"], str | list[str] | None, ["a", "b"]),
+        (2024, str, "2024"),
+    ],
+)
+def test_coerce_accepts(value, tp, expected):
+    out = coerce(value, tp, "k")
+    assert out == expected and type(out) is type(expected)
+
+
+@pytest.mark.parametrize(
+    ("value", "tp"), [("abc", int), (True, int), (True, float), (1.5, int), (1, bool), ("x", list[int]), ([1], str)]
+)
+def test_coerce_rejects(value, tp):
+    with pytest.raises(ConfigError, match=r"^k="):
+        coerce(value, tp, "k")
+
+
+def test_critic_and_log_prob_inherit_from_actor():
+    cfg = load_config(
+        None,
+        [
+            "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+            "actor_rollout_ref.actor.use_dynamic_bsz=True",
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
+            "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
+            "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=8192",
+        ],
+    )
+    assert cfg.critic.enable and cfg.critic.ppo_mini_batch_size == 64 and cfg.critic.use_dynamic_bsz
+    assert cfg.critic.loss_agg_mode == "seq-mean-token-mean"
+    assert cfg.critic.forward_max_token_len_per_gpu == cfg.critic.ppo_max_token_len_per_gpu == 32768
+    assert cfg.actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu == 4096
+    assert cfg.actor_rollout_ref.ref.log_prob_max_token_len_per_gpu == 8192  # set explicitly, kept
+
+
+def test_root_checks_run_on_direct_construction():
+    cfg = NonstopConfig()
+    cfg.data.train_batch_size = 8
+    with pytest.raises(ConfigError, match="ppo_mini_batch_size=256: is larger than data.train_batch_size=8"):
+        NonstopConfig(data=cfg.data)
