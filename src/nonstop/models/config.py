@@ -45,7 +45,9 @@ class ModelConfig:
             )
         rope_type = self.rope_type
         if rope_type not in SUPPORTED_ROPE_TYPES:
-            raise ValueError(f"rope_scaling type {rope_type!r} is not supported; nonstop supports {SUPPORTED_ROPE_TYPES}")
+            raise ValueError(
+                f"rope_scaling type {rope_type!r} is not supported; nonstop supports {SUPPORTED_ROPE_TYPES}"
+            )
 
     @property
     def rope_type(self) -> str:
