@@ -1,0 +1,179 @@
+"""`LLM`: the offline facade in vLLM's shape, plus the RL surface (weight updates, memory release, abort/continue).
+
+llm = LLM(model)  # a path, or a CausalLM whose parameters the engine then shares
+outs = llm.generate(prompts, SamplingParams(n=8, temperature=1.0, max_tokens=256))
+llm.update_weights(trainer_model.named_parameters())  # in place; the prefix cache is reset
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping
+
+import torch
+from torch import Tensor
+
+from nonstop.models.transformer import CausalLM
+from nonstop.rollout.llm_engine import EngineArgs, LLMEngine
+from nonstop.rollout.outputs import RequestOutput
+from nonstop.rollout.sampling_params import SamplingParams
+from nonstop.rollout.scheduler import SchedulerStats
+
+KV_CACHE_TAG = "kv_cache"
+
+
+class LLM:
+    def __init__(
+        self,
+        model: str | CausalLM,
+        tokenizer=None,
+        dtype: torch.dtype | str | None = None,
+        device: torch.device | str | None = None,
+        gpu_memory_utilization: float = 0.9,
+        block_size: int = 16,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 8192,
+        max_model_len: int | None = None,
+        num_kv_blocks: int | None = None,
+        enforce_eager: bool = False,
+        enable_prefix_caching: bool = True,
+        seed: int = 0,
+    ):
+        """`model` is a checkpoint path (HF directory or .gguf, loaded with its tokenizer) or a `CausalLM`, used as
+        is: its parameters are the engine's (moved to `device` / cast to `dtype` in place only if those are given).
+        `device=None` picks CUDA when available; `dtype=None` keeps a given model's dtype and loads paths in bf16 on
+        GPU, fp32 on CPU. `num_kv_blocks` overrides the KV cache size (else sized from `gpu_memory_utilization` on
+        GPU, a fixed budget on CPU)."""
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+        if isinstance(model, str):
+            from nonstop.models.loading import load_model
+
+            dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+            dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+            model, loaded_tokenizer = load_model(model, dtype=dtype, device=dev)
+            tokenizer = tokenizer or loaded_tokenizer
+        elif device is not None or dtype is not None:
+            model.to(device=device, dtype=dtype)
+        args = EngineArgs(
+            block_size=block_size,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+            num_kv_blocks=num_kv_blocks,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=enforce_eager,
+            enable_prefix_caching=enable_prefix_caching,
+            seed=seed,
+        )
+        self.llm_engine = LLMEngine(model, args, tokenizer)
+        self.tokenizer = tokenizer
+        self.stats = SchedulerStats()  # counters of the last generate() call
+        self._request_counter = itertools.count()
+
+    @property
+    def model(self) -> CausalLM:
+        return self.llm_engine.model
+
+    def generate(
+        self,
+        prompts: str | list[str] | list[list[int]] | list[Mapping],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """One RequestOutput per prompt, in prompt order. Text prompts are tokenized with `tokenizer.encode` (apply a
+        chat template yourself); token-id prompts (lists, or dicts with "prompt_token_ids" / "input_ids") are used as
+        given."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        sampling_params = sampling_params or SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError(f"got {len(sampling_params)} SamplingParams for {len(prompts)} prompts")
+        engine, before = self.llm_engine, SchedulerStats(**vars(self.llm_engine.stats))
+        order = {}
+        try:
+            for prompt, params in zip(prompts, sampling_params, strict=True):
+                request_id = str(next(self._request_counter))
+                if isinstance(prompt, str):
+                    if self.tokenizer is None:
+                        raise ValueError("text prompts need a tokenizer; pass token ids or LLM(..., tokenizer=...)")
+                    engine.add_request(request_id, self.tokenizer.encode(prompt), params, prompt=prompt)
+                elif isinstance(prompt, Mapping):
+                    # vLLM's TokensPrompt {"prompt_token_ids": [...]}, or a tokenizer's BatchEncoding.
+                    ids = prompt.get("prompt_token_ids", prompt.get("input_ids"))
+                    if ids is None:
+                        raise ValueError(f"prompt dict needs 'prompt_token_ids', got keys {sorted(prompt)}")
+                    engine.add_request(request_id, [int(t) for t in ids], params)
+                else:
+                    engine.add_request(request_id, list(prompt), params)
+                order[request_id] = len(order)
+        except Exception:
+            engine.abort_request(list(order))  # leave the engine as it was
+            raise
+        progress = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            progress = tqdm(total=len(prompts), desc="generate")
+        outputs = []
+        try:
+            while engine.has_unfinished_requests():
+                finished = engine.step()
+                outputs += finished
+                if progress is not None:
+                    progress.update(len(finished))
+        finally:
+            engine.abort_request(list(order))  # a failed step must not leave this call's requests queued
+            if progress is not None:
+                progress.close()
+        self.stats = engine.stats.since(before)
+        return sorted(outputs, key=lambda o: order[o.request_id])
+
+    # -- RL surface -------------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
+        """Copy new weights into the engine's parameter tensors in place (cast to their dtype, same addresses, so
+        captured CUDA graphs stay valid), then reset the prefix cache, whose KV the old weights computed."""
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        for name, tensor in named_tensors:
+            if name not in params:
+                raise KeyError(f"update_weights: unknown parameter {name!r}")
+            param = params[name]
+            if tuple(tensor.shape) != tuple(param.shape):
+                raise ValueError(
+                    f"update_weights: {name!r} has shape {tuple(tensor.shape)}, the engine's is {tuple(param.shape)}"
+                )
+            param.data.copy_(tensor)
+        self.reset_prefix_cache()
+
+    def reset_prefix_cache(self) -> None:
+        self.llm_engine.block_manager.reset_prefix_cache()
+
+    def release(self, tags: Iterable[str] = (KV_CACHE_TAG,)) -> None:
+        """Free GPU memory between rollouts (the trainer needs it). Tag "kv_cache": the KV cache and the CUDA graphs
+        that captured its addresses. Requests must not be running."""
+        tags = self._check_tags(tags)
+        if KV_CACHE_TAG in tags:
+            if self.llm_engine.has_unfinished_requests():
+                raise RuntimeError("release(kv_cache) with unfinished requests; abort them first")
+            self.llm_engine.model_runner.release_kv_cache()
+            self.reset_prefix_cache()
+
+    def resume(self, tags: Iterable[str] = (KV_CACHE_TAG,)) -> None:
+        """Re-allocate what `release` freed (same size); CUDA graphs are re-captured at the next decode."""
+        tags = self._check_tags(tags)
+        runner = self.llm_engine.model_runner
+        if KV_CACHE_TAG in tags and not runner.has_kv_cache:
+            runner.allocate_kv_cache()
+            self.reset_prefix_cache()
+
+    @staticmethod
+    def _check_tags(tags: Iterable[str]) -> set[str]:
+        tags = {tags} if isinstance(tags, str) else set(tags)
+        unknown = tags - {KV_CACHE_TAG}
+        if unknown:
+            raise ValueError(f"unknown memory tags {sorted(unknown)}; supported: [{KV_CACHE_TAG!r}]")
+        return tags

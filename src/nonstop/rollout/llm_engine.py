@@ -1,0 +1,188 @@
+"""The engine loop: requests in, one scheduled model step at a time, finished requests out."""
+
+from __future__ import annotations
+
+import operator
+import random
+import time
+from dataclasses import dataclass, field
+
+from nonstop.models.transformer import CausalLM
+from nonstop.rollout.block_manager import BlockManager
+from nonstop.rollout.model_runner import ModelRunner
+from nonstop.rollout.outputs import CompletionOutput, RequestOutput
+from nonstop.rollout.sampling_params import SamplingParams
+from nonstop.rollout.scheduler import Scheduler, SchedulerStats
+from nonstop.rollout.sequence import Sequence
+
+
+@dataclass
+class EngineArgs:
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int | None = None  # default: the model's max_position_embeddings
+    num_kv_blocks: int | None = None  # explicit KV cache size; None = sized from memory
+    gpu_memory_utilization: float = 0.9
+    enforce_eager: bool = False
+    enable_prefix_caching: bool = True
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1 or None, got {self.num_kv_blocks}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    n: int
+    seqs: list[Sequence] = field(default_factory=list)  # grows to n when the group parent forks
+
+    @property
+    def finished(self) -> bool:
+        return len(self.seqs) == self.n and all(s.is_finished for s in self.seqs)
+
+
+class LLMEngine:
+    def __init__(self, model: CausalLM, args: EngineArgs, tokenizer=None):
+        self.model, self.args, self.tokenizer = model, args, tokenizer
+        self.max_model_len = args.max_model_len or model.config.max_position_embeddings
+        self.model_runner = ModelRunner(
+            model,
+            block_size=args.block_size,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            num_kv_blocks=args.num_kv_blocks,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            enforce_eager=args.enforce_eager,
+        )
+        self.block_manager = BlockManager(self.model_runner.num_kv_blocks, args.block_size, args.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            self.block_manager, args.max_num_seqs, args.max_num_batched_tokens, model.config.eos_token_ids
+        )
+        # Seeds for requests that bring none: drawn in admission order, so a whole run reproduces from `args.seed`.
+        self.rng = random.Random(args.seed)
+        self.requests: dict[str, _Request] = {}
+
+    @property
+    def stats(self) -> SchedulerStats:
+        return self.scheduler.stats
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        prompt: str | None = None,
+        output_token_ids: list[int] | None = None,
+        output_logprobs: list[float] | None = None,
+        sample_index: int = 0,
+    ) -> None:
+        """Queue a request. `output_token_ids`/`output_logprobs` continue a partial (aborted) sample: they count
+        towards max_tokens/min_tokens, so re-adding with the request's original SamplingParams (n=1, and the
+        sample's `sample_index` and seed for the same noise) generates exactly what the uninterrupted run would."""
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already running")
+        if not prompt_token_ids:
+            raise ValueError(f"request {request_id!r}: empty prompt")
+        vocab = self.model.config.vocab_size
+        try:
+            prompt_token_ids = [operator.index(t) for t in prompt_token_ids]  # ints, numpy or 0-d torch integers
+        except TypeError:
+            raise ValueError(f"request {request_id!r}: prompt token ids must be integers") from None
+        if not all(0 <= t < vocab for t in prompt_token_ids):
+            raise ValueError(f"request {request_id!r}: prompt token ids must be in [0, {vocab})")
+        outputs = list(output_token_ids or [])
+        if outputs:
+            if sampling_params.n != 1:
+                raise ValueError(f"request {request_id!r}: continuing from output_token_ids needs n=1")
+            if output_logprobs is None or len(output_logprobs) != len(outputs):
+                raise ValueError(f"request {request_id!r}: give one output_logprobs entry per output token")
+            if len(outputs) >= sampling_params.max_tokens:
+                raise ValueError(
+                    f"request {request_id!r}: {len(outputs)} output tokens already reach max_tokens="
+                    f"{sampling_params.max_tokens}"
+                )
+        longest = len(prompt_token_ids) + sampling_params.max_tokens
+        if longest > self.max_model_len:
+            raise ValueError(
+                f"request {request_id!r}: prompt of {len(prompt_token_ids)} tokens + max_tokens="
+                f"{sampling_params.max_tokens} exceeds max_model_len={self.max_model_len}"
+            )
+        seed = sampling_params.seed if sampling_params.seed is not None else self.rng.getrandbits(63)
+        seq = Sequence(
+            request_id,
+            prompt_token_ids,
+            sampling_params,
+            seed,
+            sample_index=sample_index,
+            num_samples=sampling_params.n,
+            output_token_ids=outputs,
+            output_logprobs=list(output_logprobs or []),
+        )
+        self.scheduler.add(seq)
+        self.requests[request_id] = _Request(request_id, prompt, list(prompt_token_ids), sampling_params.n, [seq])
+        self.scheduler.stats.num_prompt_tokens += len(prompt_token_ids)
+
+    def step(self) -> list[RequestOutput]:
+        """One model step; returns the requests that finished in it."""
+        if not self.model_runner.has_kv_cache:
+            raise RuntimeError("the KV cache is released; call resume() before generating")
+        batch = self.scheduler.schedule()
+        if not batch.seqs:
+            assert self.scheduler.is_finished(), "unfinished requests but nothing could be scheduled"
+            return []
+        start = time.perf_counter()
+        try:
+            token_ids, logprobs = self.model_runner.run(batch)
+        except BaseException:
+            # Scheduling registered prefix-cache hashes for blocks this step never wrote.
+            self.block_manager.reset_prefix_cache()
+            raise
+        elapsed = time.perf_counter() - start  # run() ends by reading the sampled ids: the device is done
+        if any(n > 1 for n in batch.num_new_tokens):
+            self.scheduler.stats.prefill_time_s += elapsed
+        else:
+            self.scheduler.stats.decode_time_s += elapsed
+        result = self.scheduler.postprocess(batch, token_ids, logprobs)
+        self.model_runner.copy_blocks(result.block_copies)
+        for child in result.forked:
+            self.requests[child.request_id].seqs.append(child)
+        done = {s.request_id for s in result.finished if self.requests[s.request_id].finished}
+        return [self._output(self.requests.pop(request_id)) for request_id in sorted(done)]
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def abort_request(self, request_ids: str | list[str]) -> list[RequestOutput]:
+        """Stop these requests now. Returns their partial outputs (tokens and log-probs so far; unfinished samples
+        get finish_reason "abort"; a request aborted before its prompt was prefilled returns n empty samples)."""
+        ids = {request_ids} if isinstance(request_ids, str) else set(request_ids)
+        self.scheduler.abort(ids)
+        return [self._output(self.requests.pop(r)) for r in sorted(ids) if r in self.requests]
+
+    def _output(self, request: _Request) -> RequestOutput:
+        seqs = sorted(request.seqs, key=lambda s: s.sample_index)
+        if len(seqs) < request.n:  # aborted before the fork: every sample is the parent's (empty) state
+            seqs = seqs + [seqs[0]] * (request.n - len(seqs))
+        outputs = [
+            CompletionOutput(
+                index=i,
+                text=self.tokenizer.decode(s.output_token_ids, skip_special_tokens=True) if self.tokenizer else "",
+                token_ids=s.output_token_ids,
+                logprobs=list(s.output_logprobs),
+                finish_reason=s.finish_reason,
+            )
+            for i, s in enumerate(seqs)
+        ]
+        finished = all(c.finish_reason is not None for c in outputs)
+        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, outputs, finished)

@@ -1,0 +1,80 @@
+"""The attention backend the engine hands the model: KV written into the paged cache, attention over cached context.
+
+A step's packed tokens come in two segments, prefill first: sequences computing several tokens (a prompt chunk,
+possibly extending a cached prefix or a recomputed preemption) and sequences computing one (decode). Each layer
+call writes the new k/v into the cache through `slot_mapping` (slot = block id * block size + offset), then
+- prefill: gathers each sequence's whole context (cached prefix + new tokens) back out of the cache and runs
+  bottom-right causal attention — FlashAttention varlen on CUDA in bf16/fp16, the torch reference otherwise;
+- decode: `paged_decode_attention` reads K/V straight from the blocks (Triton split-KV kernel on CUDA).
+Writing before reading is what lets a sequence attend to blocks another sequence in the same step is computing
+(prefix-cache hits registered at scheduling time).
+
+The per-layer cache is `[num_blocks P, block_size B, K, E]`, the layout the decode kernel and torch's paged
+varlen take. Legend: T packed tokens, H query heads, K kv heads, E head dim, N decoding sequences, M max blocks
+per sequence, C gathered context tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from nonstop.kernels.paged_decode import paged_decode_attention
+from nonstop.models.attention import reference_causal_attention, use_fused_attention, varlen_causal_attention
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping_T: Tensor  # int64 [T], every token of the step
+    num_prefill_tokens: int  # the first tokens belong to the prefill segment
+    # Prefill segment: per-sequence query and context (key) offsets, and where each context token lives.
+    cu_seqlens_q: list[int]
+    cu_seqlens_k: list[int]
+    cu_seqlens_q_t: Tensor | None  # int32 copies on the device, for FlashAttention
+    cu_seqlens_k_t: Tensor | None
+    context_slots_C: Tensor | None  # int64 [C]; None when no prefill sequence has a cached prefix
+    # Decode segment.
+    block_tables_NM: Tensor | None  # int32
+    context_lens_N: Tensor | None  # int32, the token being decoded included
+
+
+class PagedAttention:
+    def __init__(self, k_caches: list[Tensor], v_caches: list[Tensor], metadata: AttentionMetadata | None = None):
+        self.k_caches, self.v_caches = k_caches, v_caches
+        self.metadata = metadata
+
+    def __call__(self, layer_idx: int, q_THE: Tensor, k_TKE: Tensor, v_TKE: Tensor) -> Tensor:
+        md = self.metadata
+        k_cache_PBKE, v_cache_PBKE = self.k_caches[layer_idx], self.v_caches[layer_idx]
+        K, E = k_cache_PBKE.shape[2:]
+        k_flat, v_flat = k_cache_PBKE.view(-1, K, E), v_cache_PBKE.view(-1, K, E)
+        k_flat.index_copy_(0, md.slot_mapping_T, k_TKE.to(k_flat.dtype))
+        v_flat.index_copy_(0, md.slot_mapping_T, v_TKE.to(v_flat.dtype))
+
+        P = md.num_prefill_tokens
+        if P == q_THE.shape[0]:
+            return self._prefill(q_THE, k_TKE, v_TKE, k_flat, v_flat)
+        if P == 0:
+            return self._decode(q_THE, k_cache_PBKE, v_cache_PBKE)
+        o_THE = torch.empty_like(q_THE)
+        o_THE[:P] = self._prefill(q_THE[:P], k_TKE[:P], v_TKE[:P], k_flat, v_flat)
+        o_THE[P:] = self._decode(q_THE[P:], k_cache_PBKE, v_cache_PBKE)
+        return o_THE
+
+    def _prefill(self, q_THE: Tensor, k_TKE: Tensor, v_TKE: Tensor, k_flat: Tensor, v_flat: Tensor) -> Tensor:
+        md = self.metadata
+        if md.context_slots_C is not None:
+            # Some sequence extends a cached prefix: its keys are its whole context, read back from the cache.
+            k_TKE, v_TKE = k_flat[md.context_slots_C], v_flat[md.context_slots_C]
+        if use_fused_attention(q_THE):
+            max_q = max(b - a for a, b in zip(md.cu_seqlens_q, md.cu_seqlens_q[1:], strict=False))
+            max_k = max(b - a for a, b in zip(md.cu_seqlens_k, md.cu_seqlens_k[1:], strict=False))
+            return varlen_causal_attention(q_THE, k_TKE, v_TKE, md.cu_seqlens_q_t, md.cu_seqlens_k_t, max_q, max_k)
+        return reference_causal_attention(q_THE, k_TKE, v_TKE, md.cu_seqlens_q, md.cu_seqlens_k)
+
+    def _decode(self, q_NHE: Tensor, k_cache_PBKE: Tensor, v_cache_PBKE: Tensor) -> Tensor:
+        md = self.metadata
+        scale = q_NHE.shape[-1] ** -0.5
+        return paged_decode_attention(q_NHE, k_cache_PBKE, v_cache_PBKE, md.block_tables_NM, md.context_lens_N, scale)

@@ -1,0 +1,242 @@
+"""Continuous batching: which sequences run this step, and how many of their tokens.
+
+Every step spends a token budget (`max_num_batched_tokens`) first on the running sequences, oldest first — one token
+for a decoding sequence, the next chunk of the prompt for one still prefilling (chunked prefill: a long prompt is
+spread over several steps instead of stalling every decode behind it) — then admits waiting sequences while the
+budget, `max_num_seqs` and the free KV blocks allow. A sequence samples a token in the step that computes its last
+uncomputed token.
+
+When the KV cache runs out, the youngest running sequence is preempted by recomputation (vLLM's RECOMPUTE mode):
+its blocks are freed and it goes back to the front of the waiting queue with its tokens so far, to be prefilled
+again later (its own freed blocks often come back through the prefix cache). The oldest sequence always makes
+progress, so the run finishes whatever the cache size; a request that could not fit even alone is refused when it
+is added (`check_fits`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from nonstop.rollout.block_manager import BlockManager
+from nonstop.rollout.sequence import FinishReason, Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledBatch:
+    seqs: list[Sequence]
+    num_new_tokens: list[int]  # tokens each sequence computes this step, starting at its num_cached_tokens
+
+    def samples(self, i: int) -> bool:
+        seq = self.seqs[i]
+        return seq.num_cached_tokens + self.num_new_tokens[i] == seq.num_tokens
+
+
+@dataclass
+class SchedulerStats:
+    num_prompt_tokens: int = 0  # prompt tokens of the requests added (each prompt once, whatever n)
+    num_prefill_tokens: int = 0  # prompt-position tokens actually computed (recomputation after preemption included)
+    num_cached_tokens: int = 0  # tokens taken from the prefix cache instead of computed
+    num_preemptions: int = 0
+    num_steps: int = 0
+    num_decode_steps: int = 0  # steps that decoded at least one sequence
+    num_generated_tokens: int = 0
+    # Wall time of model steps (inputs, forward, sampling, the one host sync), split by whether the step computed
+    # any prompt tokens; what the rollout benchmark divides bytes and tokens by.
+    prefill_time_s: float = 0.0
+    decode_time_s: float = 0.0
+
+    def since(self, earlier: SchedulerStats) -> SchedulerStats:
+        return SchedulerStats(**{k: v - getattr(earlier, k) for k, v in vars(self).items()})
+
+
+@dataclass
+class StepResult:
+    finished: list[Sequence] = field(default_factory=list)
+    forked: list[Sequence] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) KV blocks to copy now
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int, eos_token_ids):
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.eos_token_ids = set(eos_token_ids)
+        self.waiting: deque[Sequence] = deque()
+        self.running: deque[Sequence] = deque()
+        self.stats = SchedulerStats()
+
+    def blocks_needed_alone(self, seq: Sequence) -> int:
+        """KV blocks the sequence needs when it runs alone: its longest context (the last sampled token never gets
+        KV), or, for a group parent, the prompt plus the private copies of the partial last block made at the fork."""
+        bm = self.block_manager
+        longest = seq.num_prompt_tokens + seq.sampling_params.max_tokens - 1
+        fork = bm.num_blocks_for(seq.num_prompt_tokens) + self._fork_blocks(seq)
+        return max(bm.num_blocks_for(longest), fork)
+
+    def check_fits(self, seq: Sequence) -> None:
+        needed, capacity = self.blocks_needed_alone(seq), self.block_manager.num_blocks
+        if needed > capacity:
+            B = self.block_manager.block_size
+            raise ValueError(
+                f"request {seq.request_id!r} can never fit in the KV cache: prompt of {seq.num_prompt_tokens} tokens "
+                f"+ max_tokens={seq.sampling_params.max_tokens} (n={seq.num_samples}) needs {needed} blocks of "
+                f"{B} tokens, the cache holds {capacity} blocks ({capacity * B} tokens)"
+            )
+        if seq.num_samples > self.max_num_seqs:
+            raise ValueError(f"n={seq.num_samples} exceeds max_num_seqs={self.max_num_seqs}")
+
+    def add(self, seq: Sequence) -> None:
+        self.check_fits(seq)
+        self.waiting.append(seq)
+
+    def is_finished(self) -> bool:
+        return not self.waiting and not self.running
+
+    def _fork_blocks(self, seq: Sequence) -> int:
+        """Private last-block copies a group parent needs at its fork: one per extra sample if the prompt ends
+        inside a block (full blocks are shared)."""
+        partial = seq.num_prompt_tokens % self.block_manager.block_size != 0
+        return (seq.num_samples - 1) if partial and seq.num_samples > 1 else 0
+
+    def _reserve_fork_blocks(self, seq: Sequence, num_new_tokens: int, num_cached: int) -> int:
+        return self._fork_blocks(seq) if num_cached + num_new_tokens == seq.num_tokens else 0
+
+    def schedule(self) -> ScheduledBatch:
+        bm, budget = self.block_manager, self.max_num_batched_tokens
+        seqs, num_new = [], []
+        candidates, kept = list(self.running), deque()
+        preempted = False
+        while candidates:
+            seq = candidates.pop(0)
+            n = min(seq.num_tokens - seq.num_cached_tokens, budget)
+            if n == 0:
+                kept.append(seq)
+                continue
+            fork = self._reserve_fork_blocks(seq, n, seq.num_cached_tokens)
+            while bm.num_free_blocks_needed(seq, n) + fork > bm.num_free_blocks:
+                preempted = True
+                if candidates:
+                    self.preempt(candidates.pop())
+                else:
+                    self.preempt(seq)
+                    seq = None
+                    break
+            if seq is None:
+                break
+            bm.allocate(seq, n)
+            seq.fork_block_ids = bm.allocate_blocks(fork)
+            seqs.append(seq)
+            num_new.append(n)
+            kept.append(seq)
+            budget -= n
+        self.running = kept
+
+        # Admit new work only when nothing had to be preempted: the cache is not under pressure.
+        # A group parent counts as the n sequences it will fork into.
+        num_running = sum(s.num_samples for s in self.running)
+        while self.waiting and budget > 0 and not preempted:
+            seq = self.waiting[0]
+            if num_running + seq.num_samples > self.max_num_seqs:
+                break
+            hits = bm.find_cached_prefix(seq)
+            num_cached = len(hits) * bm.block_size
+            n = min(seq.num_tokens - num_cached, budget)
+            fork = self._reserve_fork_blocks(seq, n, num_cached)
+            if bm.num_free_blocks_needed(seq, n, hits) + fork > bm.num_free_blocks:
+                break
+            self.waiting.popleft()
+            bm.allocate(seq, n, hits)
+            seq.fork_block_ids = bm.allocate_blocks(fork)
+            seq.status = SequenceStatus.RUNNING
+            self.stats.num_cached_tokens += num_cached
+            self.running.append(seq)
+            num_running += seq.num_samples
+            seqs.append(seq)
+            num_new.append(n)
+            budget -= n
+
+        self.stats.num_steps += 1
+        if any(s.num_cached_tokens >= s.num_prompt_tokens for s in seqs):
+            self.stats.num_decode_steps += 1
+        for seq, n in zip(seqs, num_new, strict=True):
+            prompt_end = min(seq.num_cached_tokens + n, seq.num_prompt_tokens)
+            self.stats.num_prefill_tokens += max(0, prompt_end - seq.num_cached_tokens)
+        return ScheduledBatch(seqs, num_new)
+
+    def preempt(self, seq: Sequence) -> None:
+        self.block_manager.deallocate(seq)
+        self.block_manager.release_blocks(seq.fork_block_ids)
+        seq.fork_block_ids = []
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.stats.num_preemptions += 1
+
+    def postprocess(self, batch: ScheduledBatch, token_ids: list[int], logprobs: list[float]) -> StepResult:
+        """Advance every scheduled sequence past the tokens it computed and append the sampled tokens: rows of
+        `token_ids` follow the batch order, `num_samples` rows for each sequence that sampled."""
+        result, row = StepResult(), 0
+        for i, seq in enumerate(batch.seqs):
+            samples = batch.samples(i)
+            seq.num_cached_tokens += batch.num_new_tokens[i]
+            if not samples:
+                continue
+            group = [seq]
+            if seq.num_samples > 1:
+                group += self._fork(seq, result)
+            for member in group:
+                member.append_token(token_ids[row], logprobs[row])
+                row += 1
+                self.stats.num_generated_tokens += 1
+                self._check_stop(member)
+                if member.is_finished:
+                    result.finished.append(member)
+        assert row == len(token_ids)
+        if result.forked:
+            self.running.extend(result.forked)
+        if result.finished:
+            for seq in result.finished:
+                self.block_manager.deallocate(seq)
+            self.running = deque(s for s in self.running if not s.is_finished)
+        return result
+
+    def _fork(self, parent: Sequence, result: StepResult) -> list[Sequence]:
+        children = []
+        for sample_index in range(1, parent.num_samples):
+            child = parent.fork(sample_index)
+            private = parent.fork_block_ids.pop() if parent.fork_block_ids else None
+            copy = self.block_manager.fork(parent, child, private)
+            if copy is not None:
+                result.block_copies.append(copy)
+            children.append(child)
+        assert not parent.fork_block_ids
+        parent.num_samples = 1
+        result.forked.extend(children)
+        return children
+
+    def _check_stop(self, seq: Sequence) -> None:
+        params, token = seq.sampling_params, seq.token_ids[-1]
+        if seq.num_output_tokens >= params.min_tokens and (
+            (not params.ignore_eos and token in self.eos_token_ids) or token in (params.stop_token_ids or ())
+        ):
+            self.finish(seq, FinishReason.STOP)
+        elif seq.num_output_tokens >= params.max_tokens:
+            self.finish(seq, FinishReason.LENGTH)
+
+    @staticmethod
+    def finish(seq: Sequence, reason: str) -> None:
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+
+    def abort(self, request_ids: set[str]) -> list[Sequence]:
+        """Remove every unfinished sequence of these requests; they keep their tokens and log-probs so far."""
+        aborted = [s for s in (*self.waiting, *self.running) if s.request_id in request_ids]
+        for seq in aborted:
+            self.block_manager.deallocate(seq)
+            self.block_manager.release_blocks(seq.fork_block_ids)
+            seq.fork_block_ids = []
+            self.finish(seq, FinishReason.ABORT)
+        self.waiting = deque(s for s in self.waiting if s.request_id not in request_ids)
+        self.running = deque(s for s in self.running if s.request_id not in request_ids)
+        return aborted

@@ -1,0 +1,85 @@
+"""Scheduler decisions without a model: fake sampled tokens are fed back through postprocess."""
+
+import pytest
+
+from nonstop.rollout.block_manager import BlockManager
+from nonstop.rollout.sampling_params import SamplingParams
+from nonstop.rollout.scheduler import Scheduler
+from nonstop.rollout.sequence import Sequence, SequenceStatus
+
+
+def make(num_blocks=32, block_size=4, max_num_seqs=8, max_num_batched_tokens=16):
+    return Scheduler(BlockManager(num_blocks, block_size), max_num_seqs, max_num_batched_tokens, eos_token_ids=[0])
+
+
+def request(name, length, max_tokens=4, n=1, **kw):
+    params = SamplingParams(n=n, max_tokens=max_tokens, **kw)
+    return Sequence(name, list(range(1, length + 1)), params, seed=0, num_samples=n)
+
+
+def step(scheduler, token=7):
+    batch = scheduler.schedule()
+    rows = sum(s.num_samples for i, s in enumerate(batch.seqs) if batch.samples(i))
+    result = scheduler.postprocess(batch, [token] * rows, [-1.0] * rows)
+    return batch, result
+
+
+def test_chunked_prefill_and_decodes_go_first():
+    s = make(max_num_batched_tokens=6)
+    s.add(request("a", 3))
+    s.add(request("b", 14))
+    batch, _ = step(s)
+    assert batch.num_new_tokens == [3, 3]  # a whole, b's first chunk
+    batch, _ = step(s)
+    assert [q.request_id for q in batch.seqs] == ["a", "b"] and batch.num_new_tokens == [1, 5]
+    batch, _ = step(s)
+    assert batch.num_new_tokens == [1, 5]
+    batch, _ = step(s)
+    assert batch.num_new_tokens == [1, 1] and batch.samples(1)  # b's last prompt token samples
+
+
+def test_preemption_frees_the_youngest_and_everything_finishes():
+    s = make(num_blocks=6, max_num_batched_tokens=64)
+    seqs = [request(name, 6, max_tokens=6) for name in "abc"]
+    for q in seqs:
+        s.add(q)
+    finished = []
+    for _ in range(100):
+        if s.is_finished():
+            break
+        finished += step(s)[1].finished
+    assert s.is_finished() and s.stats.num_preemptions > 0
+    assert sorted(q.request_id for q in finished) == ["a", "b", "c"]
+    assert all(q.num_output_tokens == 6 and q.finish_reason == "length" for q in finished)
+    assert s.block_manager.num_free_blocks == 6
+
+
+def test_group_forks_after_the_prompt_and_counts_against_max_num_seqs():
+    s = make(max_num_seqs=5)
+    s.add(request("g", 6, n=4))
+    s.add(request("h", 3, n=2))  # 4 + 2 > 5: waits until the group finishes
+    batch, result = step(s)
+    assert [q.request_id for q in batch.seqs] == ["g"]
+    assert len(result.forked) == 3 and len(result.block_copies) == 3
+    assert sorted(q.sample_index for q in s.running) == [0, 1, 2, 3]
+    assert all(q.status == SequenceStatus.RUNNING for q in s.running)
+
+
+def test_eos_and_stop_tokens_finish_with_stop_after_min_tokens():
+    s = make()
+    s.add(request("a", 3, max_tokens=8, min_tokens=2))
+    _, result = step(s, token=0)  # EOS before min_tokens (the sampler masks it; here forced) does not stop
+    assert not result.finished
+    _, result = step(s, token=0)
+    assert [q.finish_reason for q in result.finished] == ["stop"]
+    s.add(request("b", 3, max_tokens=8, stop_token_ids=[9], ignore_eos=True))
+    assert not step(s, token=0)[1].finished
+    assert step(s, token=9)[1].finished[0].finish_reason == "stop"
+
+
+def test_never_fitting_request_is_refused():
+    s = make(num_blocks=4)
+    with pytest.raises(ValueError, match=r"prompt of 10 tokens \+ max_tokens=10.*5 blocks.*holds 4 blocks \(16 tok"):
+        s.add(request("big", 10, max_tokens=10))
+    with pytest.raises(ValueError, match="n=9 exceeds max_num_seqs=8"):
+        make(num_blocks=32).add(request("wide", 2, n=9))
