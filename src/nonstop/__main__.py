@@ -1,0 +1,5 @@
+import sys
+
+from nonstop.cli import main
+
+sys.exit(main())

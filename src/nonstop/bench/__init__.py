@@ -1,0 +1,1 @@
+"""Benchmarks behind `nonstop bench …`: each prints a table and writes JSON with date, hardware and versions."""

@@ -1,0 +1,70 @@
+"""What every benchmark result records: the machine, the versions, and the device's copy bandwidth ceiling."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+
+import torch
+
+
+def copy_bandwidth(device: torch.device, num_bytes: int = 2 << 30) -> float:
+    """Bytes read + written per second by a large device-to-device copy: the ceiling memory-bound kernels face."""
+    src = torch.empty(num_bytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(12):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2 * num_bytes / statistics.median(times[2:])
+
+
+def _git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return None
+
+
+def environment(device: torch.device | None = None) -> dict:
+    import transformers
+
+    meta = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "git_commit": _git_commit(),
+    }
+    try:
+        import triton
+
+        meta["triton"] = triton.__version__
+    except ImportError:
+        meta["triton"] = None
+    if torch.cuda.is_available():
+        device = device or torch.device("cuda", torch.cuda.current_device())
+        meta["gpu"] = torch.cuda.get_device_name(device)
+        meta["num_sms"] = torch.cuda.get_device_properties(device).multi_processor_count
+    return meta
+
+
+def default_result_path(name: str) -> str:
+    stamp = datetime.datetime.now(datetime.UTC)
+    return os.path.join("bench", "results", f"{name}-{stamp:%Y%m%dT%H%M%SZ}.json")
+
+
+def write_result(path: str, payload: dict) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1)
+    print(f"wrote {path}")

@@ -1,0 +1,242 @@
+"""`nonstop bench rollout`: engine throughput on real model shapes with random weights, against transformers.
+
+Workloads (prompt tokens random, output lengths forced with per-request `max_tokens` + `ignore_eos`):
+- `fixed`: 256 requests, 128-token prompts, 256 new tokens each — the headline ratio against
+  `transformers.generate` on the same model in the same run;
+- `longtail`: 256 requests, 128-token prompts, output lengths log-normal (median 192, capped at 1024), the shape
+  of RL rollouts; transformers must run every row of a static batch to the longest request;
+- `nanovllm`: nano-vllm's published workload — 256 requests, prompt and output lengths uniform in 100..1024.
+
+Per run: output tok/s (median over repeats after a warm-up), the decode-step breakdown from a torch.profiler trace
+of steady-state decode steps (attention kernel, GEMMs, other kernels, host gaps), and the bytes a decode step must
+read (weights once + the KV of every running sequence) over decode time, as a fraction of the measured copy
+bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from nonstop.bench.env import copy_bandwidth, default_result_path, environment, write_result
+from nonstop.bench.shapes import hf_config_dict, model_config
+from nonstop.models.transformer import CausalLM
+
+WORKLOADS = ("fixed", "longtail", "nanovllm")
+
+
+def make_workload(name: str, vocab_size: int, seed: int = 0) -> tuple[list[list[int]], list[int]]:
+    """Prompt token ids and output lengths of a named workload (deterministic for a seed)."""
+    rng = np.random.default_rng(seed)
+    n = 256
+    if name == "fixed":
+        prompt_lens, out_lens = np.full(n, 128), np.full(n, 256)
+    elif name == "longtail":
+        prompt_lens = np.full(n, 128)
+        out_lens = np.clip(np.round(rng.lognormal(np.log(192), 0.8, n)), 16, 1024).astype(int)
+    elif name == "nanovllm":
+        prompt_lens, out_lens = rng.integers(100, 1025, n), rng.integers(100, 1025, n)
+    else:
+        raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
+    prompts = [rng.integers(0, vocab_size, int(p)).tolist() for p in prompt_lens]
+    return prompts, [int(o) for o in out_lens]
+
+
+def random_model(shape: str, device: torch.device) -> CausalLM:
+    """Random bf16 weights in a real shape, built directly on the GPU (a 7B model never touches host memory)."""
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            model = CausalLM(model_config(shape))
+    finally:
+        torch.set_default_dtype(default_dtype)
+    return model.init_weights(generator=torch.Generator(device).manual_seed(0)).eval()
+
+
+def decode_bytes(model: CausalLM, prompt_lens: list[int], out_lens: list[int], decode_steps: int) -> float:
+    """Bytes the decode steps must read at least: all weights but the input embedding once per step (a tied
+    embedding is read whole as the output head), plus each generated token's attention over its context."""
+    weight_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
+    if model.config.tie_word_embeddings:
+        weight_bytes += model.lm_head.weight.numel() * model.lm_head.weight.element_size()
+    kv_tokens = sum(o * p + o * (o - 1) // 2 for p, o in zip(prompt_lens, out_lens, strict=True))
+    return weight_bytes * decode_steps + kv_tokens * model.config.kv_bytes_per_token
+
+
+def run_nonstop(model, prompts, out_lens, repeats: int, args) -> dict:
+    from nonstop.rollout import LLM, SamplingParams
+
+    llm = LLM(model, gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs)
+    params = [SamplingParams(temperature=1.0, max_tokens=o, ignore_eos=True, seed=i) for i, o in enumerate(out_lens)]
+    llm.generate(prompts[:8], params[:8])  # warm-up: graph capture, Triton compile
+    times, stats = [], None
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+        stats = llm.stats
+    produced = sum(len(c.token_ids) for o in outs for c in o.outputs)
+    assert produced == sum(out_lens), f"engine produced {produced} tokens, workload asks {sum(out_lens)}"
+    wall = statistics.median(times)
+    result = {
+        "tok_s": produced / wall,
+        "wall_s": wall,
+        "wall_s_all": times,
+        "num_preemptions": stats.num_preemptions,
+        "num_decode_steps": stats.num_decode_steps,
+        "decode_time_s": stats.decode_time_s,
+        "prefill_time_s": stats.prefill_time_s,
+        "num_kv_blocks": llm.llm_engine.model_runner.num_kv_blocks,
+    }
+    result["breakdown"] = decode_breakdown(llm, prompts, params)
+    return result
+
+
+def decode_breakdown(llm, prompts, params, steps: int = 20) -> dict:
+    """Kernel time by category over `steps` steady-state decode steps, from a torch.profiler trace."""
+    from torch.profiler import ProfilerActivity, profile
+
+    engine = llm.llm_engine
+    for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
+        engine.add_request(f"bd{i}", p, sp)
+    while engine.scheduler.waiting or any(s.num_cached_tokens < s.num_prompt_tokens for s in engine.scheduler.running):
+        engine.step()  # get through prefill
+    for _ in range(3):
+        engine.step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    engine.abort_request([f"bd{i}" for i in range(len(prompts))])
+    buckets = {"attention": 0.0, "gemm": 0.0, "sampling": 0.0, "other_kernels": 0.0}
+    intervals = []
+    for evt in prof.events():
+        if evt.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        name, dur = evt.name.lower(), evt.device_time_total / 1e6 if hasattr(evt, "device_time_total") else 0.0
+        intervals.append((evt.time_range.start, evt.time_range.end))
+        if "paged_decode" in name or "flash" in name or "attn" in name:
+            buckets["attention"] += dur
+        elif "gemm" in name or "cutlass" in name or "nvjet" in name or "cublas" in name or "sm90" in name:
+            buckets["gemm"] += dur
+        elif "sort" in name or "softmax" in name or "cumsum" in name or "argmax" in name or "topk" in name:
+            buckets["sampling"] += dur
+        else:
+            buckets["other_kernels"] += dur
+    busy = _union_seconds(intervals)
+    out = {k: v / steps * 1e3 for k, v in buckets.items()}  # ms per step
+    out["step_ms"] = wall / steps * 1e3
+    out["gpu_busy_ms"] = busy / steps * 1e3
+    out["host_gap_ms"] = out["step_ms"] - out["gpu_busy_ms"]
+    out["batch"] = len(engine.scheduler.running) or None
+    return out
+
+
+def _union_seconds(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, -1.0
+    for s, e in sorted(intervals):
+        if s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total / 1e6  # profiler times are in microseconds
+
+
+def run_transformers(shape: str, model: CausalLM, prompts, out_lens, args) -> dict:
+    """The same prompts through `transformers.generate` (dynamic cache, sampling). Prompts of one length batch
+    without padding; mixed lengths are left-padded. A static batch runs every row to the longest request, so only
+    the requested tokens count as output."""
+    import transformers
+
+    hf_config = transformers.AutoConfig.for_model(**hf_config_dict(shape))
+    with torch.device("cuda"):
+        hf = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16).eval()
+    missing, unexpected = hf.load_state_dict(model.state_dict(), strict=False)
+    assert not missing and not unexpected, f"weights differ: missing {missing}, unexpected {unexpected}"
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
+    ids, mask = ids.cuda(), mask.cuda()
+    max_new = max(out_lens)
+    kwargs = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=0, eos_token_id=None)
+    with torch.no_grad():
+        hf.generate(ids[:8], attention_mask=mask[:8], max_new_tokens=8, min_new_tokens=8, **kwargs)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = hf.generate(ids, attention_mask=mask, max_new_tokens=max_new, min_new_tokens=max_new, **kwargs)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    assert out.shape[1] == width + max_new
+    del hf
+    torch.cuda.empty_cache()
+    return {"tok_s": sum(out_lens) / wall, "wall_s": wall, "tokens_computed": len(prompts) * max_new}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nonstop bench rollout", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default="qwen2.5-0.5b,qwen3-0.6b,qwen2.5-1.5b,qwen2.5-7b")
+    parser.add_argument("--workloads", default="fixed,longtail,nanovllm")
+    parser.add_argument(
+        "--transformers",
+        default="fixed:qwen2.5-0.5b",
+        help="comma list of WORKLOAD:SHAPE pairs also run through transformers.generate ('' = none)",
+    )
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--out", default=None, help="JSON path (default bench/results/rollout-<time>.json)")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("nonstop bench rollout needs a CUDA GPU")
+    hf_pairs = {tuple(p.split(":")) for p in args.transformers.split(",") if p}
+    env = environment()
+    env["copy_bandwidth_gbs"] = copy_gbs = copy_bandwidth(torch.device("cuda")) / 1e9
+    rows = []
+    for shape in args.shapes.split(","):
+        model = random_model(shape, torch.device("cuda"))
+        for workload in args.workloads.split(","):
+            prompts, out_lens = make_workload(workload, model.config.vocab_size)
+            ours = run_nonstop(model, prompts, out_lens, args.repeats, args)
+            moved = decode_bytes(model, [len(p) for p in prompts], out_lens, ours["num_decode_steps"])
+            ours["decode_bandwidth_gbs"] = moved / ours["decode_time_s"] / 1e9
+            ours["bandwidth_fraction"] = ours["decode_bandwidth_gbs"] / copy_gbs
+            row = {"shape": shape, "workload": workload, "nonstop": ours}
+            if (workload, shape) in hf_pairs:
+                row["transformers"] = run_transformers(shape, model, prompts, out_lens, args)
+                row["speedup"] = ours["tok_s"] / row["transformers"]["tok_s"]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        del model
+        torch.cuda.empty_cache()
+    print(f"\ncopy bandwidth {copy_gbs:.0f} GB/s; {env['gpu']}, torch {env['torch']}")
+    header = f"{'shape':14} {'workload':9} {'tok/s':>9} {'HF tok/s':>9} {'x HF':>6} {'BW frac':>7} "
+    header += f"{'step ms':>7} {'attn':>6} {'gemm':>6} {'other':>6} {'host':>6} preempt"
+    print(header)
+    for r in rows:
+        o, b = r["nonstop"], r["nonstop"]["breakdown"]
+        hf = r.get("transformers", {}).get("tok_s")
+        print(
+            f"{r['shape']:14} {r['workload']:9} {o['tok_s']:9.0f} {hf or float('nan'):9.0f} "
+            f"{r.get('speedup', float('nan')):6.1f} {o['bandwidth_fraction']:7.2f} {b['step_ms']:7.2f} "
+            f"{b['attention']:6.2f} {b['gemm']:6.2f} {b['other_kernels'] + b['sampling']:6.2f} "
+            f"{b['host_gap_ms']:6.2f} {o['num_preemptions']}"
+        )
+    command = "nonstop bench rollout " + " ".join(argv or [])
+    write_result(args.out or default_result_path("rollout"), {"environment": env, "command": command, "rows": rows})
+    return 0
