@@ -28,10 +28,12 @@ def copy_bandwidth(device: torch.device, num_bytes: int = 2 << 30) -> float:
 
 
 def _git_commit() -> str | None:
+    """HEAD here, or NONSTOP_GIT_COMMIT where the tree was copied without its .git (the GPU machine)."""
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     except OSError:
-        return None
+        commit = ""
+    return commit or os.environ.get("NONSTOP_GIT_COMMIT")
 
 
 def environment(device: torch.device | None = None) -> dict:

@@ -60,6 +60,7 @@ def _paged_decode_split_kernel(
     PAGE_SIZE: tl.constexpr,
     TILE_N: tl.constexpr,
     DIRECT_OUTPUT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     n = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -103,14 +104,14 @@ def _paged_decode_split_kernel(
         k = tl.load(k_cache_ptr + k_offs[:, None] + offs_e[None, :], mask=mask_t[:, None], other=0.0)
         v = tl.load(v_cache_ptr + v_offs[:, None] + offs_e[None, :], mask=mask_t[:, None], other=0.0)
 
-        scores = tl.dot(q, tl.trans(k)) * scale_log2
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
         scores = tl.where(mask_t[None, :], scores, float("-inf"))
         # Every tile in range holds at least one valid token, so m_new is finite from the first tile on.
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(scores - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
     # l_i is 0 only for an empty sequence (context_len == 0, e.g. CUDA-graph batch padding): write zeros.
@@ -246,6 +247,8 @@ def paged_decode_attention_triton(
         PAGE_SIZE=B,
         TILE_N=TILE_N,
         DIRECT_OUTPUT=num_splits == 1,
+        # fp32 caches (tests, CPU-parity runs) get exact fp32 products; tf32 would flip greedy ties.
+        DOT_PRECISION="ieee" if q_NHE.dtype == torch.float32 else "tf32",
         num_warps=num_warps,
         num_stages=num_stages,
     )
