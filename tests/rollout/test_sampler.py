@@ -125,3 +125,26 @@ def test_counter_uniform_is_uniform_in_the_open_interval():
     counts = torch.histc(u.flatten(), bins=8, min=0, max=1).double()
     expected = u.numel() / 8
     assert ((counts - expected) ** 2 / expected).sum() < CHI2_999[7]
+
+
+def test_counter_uniform_is_the_uint32_hash():
+    """The int64 tensor hash equals the same hash in uint32 wraparound arithmetic, which the Triton sampler uses."""
+
+    def mix32(x: int) -> int:
+        x ^= x >> 16
+        x = (x * 0x7FEB352D) % 2**32
+        x ^= x >> 15
+        x = (x * 0x2C1B3C6D) % 2**32
+        return x ^ (x >> 16)
+
+    gen = torch.Generator().manual_seed(4)
+    seeds = [0, -1, 2**40 + 3, -(2**63), 2**63 - 1] + torch.randint(-(2**62), 2**62, (3,), generator=gen).tolist()
+    sample_index, position = torch.randint(0, 2**31, (2, len(seeds)), generator=gen)
+    u = counter_uniform(torch.tensor(seeds), sample_index, position, 300)
+    for n, seed in enumerate(seeds):
+        h = mix32((seed % 2**32) ^ 0x9E3779B9)
+        for word in (seed // 2**32 % 2**32, int(sample_index[n]), int(position[n])):
+            h = mix32(h ^ word)
+        for v in (0, 1, 17, 299):
+            bits = mix32(h ^ mix32(v)) >> 9
+            assert u[n, v].item() == (2 * bits + 1) / 2**24, (seed, v)

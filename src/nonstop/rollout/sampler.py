@@ -23,7 +23,8 @@ from torch import Tensor
 
 _MASK32 = 0xFFFFFFFF
 # Odd multipliers below 2**31: a 32-bit value times one of them stays below 2**63, so int64 tensor arithmetic
-# never overflows and the hash is the same on every device.
+# never overflows and the hash is the same on every device. Masking each product to 32 bits is uint32 wraparound:
+# `nonstop.kernels.sampling_triton` recomputes the per-token half of the hash in uint32 and gets the same bits.
 _M1, _M2 = 0x7FEB352D, 0x2C1B3C6D
 
 
@@ -36,12 +37,17 @@ def _mix32(x: Tensor) -> Tensor:
     return x ^ (x >> 16)
 
 
-def counter_uniform(seed_N: Tensor, sample_index_N: Tensor, position_N: Tensor, vocab_size: int) -> Tensor:
-    """Uniform noise in (0, 1), float32 [N, V], a pure function of (seed, sample index, position, token id)."""
+def counter_row_key(seed_N: Tensor, sample_index_N: Tensor, position_N: Tensor) -> Tensor:
+    """The per-row half of the noise hash: uint32 values in int64 [N], from (seed, sample index, position)."""
     h_N = _mix32((seed_N & _MASK32) ^ 0x9E3779B9)
     h_N = _mix32(h_N ^ ((seed_N >> 32) & _MASK32))
     h_N = _mix32(h_N ^ (sample_index_N & _MASK32))
-    h_N = _mix32(h_N ^ (position_N & _MASK32))
+    return _mix32(h_N ^ (position_N & _MASK32))
+
+
+def counter_uniform(seed_N: Tensor, sample_index_N: Tensor, position_N: Tensor, vocab_size: int) -> Tensor:
+    """Uniform noise in (0, 1), float32 [N, V], a pure function of (seed, sample index, position, token id)."""
+    h_N = counter_row_key(seed_N, sample_index_N, position_N)
     token_V = torch.arange(vocab_size, device=seed_N.device, dtype=torch.int64)
     h_NV = _mix32(h_N[:, None] ^ _mix32(token_V)[None, :])
     # 23 bits as odd multiples of 2**-24: exactly representable in fp32, never 0 or 1, so both logs stay finite.
@@ -85,7 +91,21 @@ def top_k_top_p_mask(scaled_NV: Tensor, top_k_N: Tensor, top_p_N: Tensor, any_to
 
 
 def sample(logits_NV: Tensor, t: SamplingTensors) -> tuple[Tensor, Tensor]:
-    """Returns (token ids [N] int64, log-prob of each under log_softmax(logits / T)) without syncing the host."""
+    """Returns (token ids [N] int64, log-prob of each under log_softmax(logits / T)) without syncing the host.
+
+    On CUDA, a batch where no sampled row uses top-k or top-p (the usual RL setting) goes to the fused Triton
+    kernel, which reads the logits once and draws the same tokens as `sample_reference`; otherwise, and on CPU,
+    the whole batch takes `sample_reference`."""
+    if logits_NV.is_cuda and not (t.any_top_k or t.any_top_p):
+        from nonstop.kernels.sampling_triton import sample_triton
+
+        row_key_N = counter_row_key(t.seed_N, t.sample_index_N, t.position_N)
+        return sample_triton(logits_NV, t.temperature_N, row_key_N, t.stop_mask_N, t.all_greedy)
+    return sample_reference(logits_NV, t)
+
+
+def sample_reference(logits_NV: Tensor, t: SamplingTensors) -> tuple[Tensor, Tensor]:
+    """Plain PyTorch: the semantics `sample` promises, on any device, top-k and top-p included."""
     logits_NV = logits_NV.float()
     greedy_N = t.temperature_N == 0
     # Greedy rows are scaled by 1 so their log-probs are those of the raw logits.

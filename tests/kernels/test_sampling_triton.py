@@ -1,0 +1,163 @@
+"""The fused Triton sampler against the torch sampler (`sample_reference`): same tokens, same log-probs.
+
+`sample_reference`'s semantics (distributions, top-k / top-p, stop masks, seeding) are tested in
+tests/rollout/test_sampler.py; here the kernel only has to reproduce its draws bit for bit.
+
+Legend: N rows, V vocabulary.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from nonstop.rollout.sampler import SamplingTensors, counter_row_key, sample, sample_reference
+
+
+def make_rows(gen: torch.Generator, N: int, V: int, dtype: torch.dtype, stop_mask: bool, all_greedy: bool = False):
+    """Random logits and settings, with the corners mixed in: greedy rows among sampled ones, rows whose logits are
+    all equal (the draw is decided by the noise alone), exact greedy ties, banned argmaxes and one fully banned row."""
+    logits_NV = torch.randn(N, V, generator=gen) * (torch.rand(N, 1, generator=gen) * 4 + 0.5)
+    logits_NV[1] = torch.randn(1, generator=gen)  # constant row
+    temperature_N = torch.rand(N, generator=gen) * 1.6 + 0.2
+    temperature_N[torch.rand(N, generator=gen) < 0.25] = 0.0
+    temperature_N[0] = 1.0
+    temperature_N[2] = 0.0
+    if all_greedy:
+        temperature_N.zero_()
+    top = logits_NV[2].max() + 1
+    ties = torch.randperm(V, generator=gen)[:2]
+    logits_NV[2, ties] = top  # greedy tie: the lower id wins
+    logits_NV = logits_NV.to(dtype)
+    mask_NV = None
+    if stop_mask:
+        mask_NV = torch.rand(N, V, generator=gen) < 0.05
+        mask_NV[torch.arange(N), logits_NV.float().argmax(-1)] = True
+        mask_NV[3] = True  # nothing allowed: torch's argmax of all -inf is token 0
+    t = SamplingTensors(
+        temperature_N=temperature_N,
+        top_k_N=torch.full((N,), -1, dtype=torch.int64),
+        top_p_N=torch.ones(N),
+        seed_N=torch.randint(-(2**62), 2**62, (N,), generator=gen),
+        sample_index_N=torch.randint(0, 64, (N,), generator=gen),
+        position_N=torch.randint(0, 40_000, (N,), generator=gen),
+        stop_mask_N=mask_NV,
+        all_greedy=bool((temperature_N == 0).all()),
+        any_top_k=False,
+        any_top_p=False,
+    )
+    return logits_NV, t
+
+
+def to_device(t: SamplingTensors, device: str) -> SamplingTensors:
+    moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in vars(t).items()}
+    return SamplingTensors(**moved)
+
+
+def assert_same_draws(tokens, logprobs, ref_tokens, ref_logprobs, case: str) -> None:
+    assert tokens.dtype == torch.int64 and logprobs.dtype == torch.float32, case
+    rows = (tokens != ref_tokens).nonzero().flatten()[:8]
+    assert not len(rows), f"{case}: rows {rows.tolist()} drew {tokens[rows].tolist()}, not {ref_tokens[rows].tolist()}"
+    torch.testing.assert_close(logprobs, ref_logprobs, atol=1e-5, rtol=1e-5, msg=lambda m: f"{case}: {m}")
+
+
+# (N, V, block, num_splits, dtype, stop mask, all greedy)
+INTERPRETER_CASES = [
+    (9, 1000, 128, 1, torch.float32, False, False),
+    (9, 1000, 128, 3, torch.float32, True, False),
+    (7, 3001, 256, 4, torch.float16, False, False),
+    (7, 3001, 256, 2, torch.float16, True, False),
+    (5, 517, 512, 1, torch.float32, True, True),
+    (6, 4096, 1024, 5, torch.float16, True, True),
+    (4, 97, 32, 3, torch.float32, True, False),
+]
+
+
+def check_kernel_under_interpreter() -> None:
+    """Run in a child process started with TRITON_INTERPRET=1, which must be set before triton is first imported."""
+    import triton.runtime.interpreter as interpreter
+
+    from nonstop.kernels.sampling_triton import sample_triton
+
+    # triton 3.6's interpreter calls int() on 1-element arrays, which numpy >= 2.4 refuses (triton#9171, fixed
+    # upstream by squeezing first); loop bounds computed from program ids hit it.
+    patch_tensor = interpreter._patch_lang_tensor
+
+    def patch_tensor_squeezing_index(tensor, scope) -> None:
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    interpreter._patch_lang_tensor = patch_tensor_squeezing_index
+
+    for i, (N, V, block, num_splits, dtype, stop_mask, all_greedy) in enumerate(INTERPRETER_CASES):
+        # fp32 and fp16 only: the interpreter's bf16 goes through numpy, which has no bf16; the GPU tests cover it.
+        gen = torch.Generator().manual_seed(500 + i)
+        logits_NV, t = make_rows(gen, N, V, dtype, stop_mask, all_greedy)
+        ref_tokens, ref_logprobs = sample_reference(logits_NV, t)
+        row_key_N = counter_row_key(t.seed_N, t.sample_index_N, t.position_N)
+        tokens, logprobs = sample_triton(
+            logits_NV, t.temperature_N, row_key_N, t.stop_mask_N, t.all_greedy, num_splits=num_splits, block=block
+        )
+        assert_same_draws(tokens, logprobs, ref_tokens, ref_logprobs, f"case {i}: {INTERPRETER_CASES[i]}")
+
+
+def test_triton_interpreter_matches_reference():
+    pytest.importorskip("triton")
+    here = os.path.dirname(__file__)
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]),
+    }
+    code = "import test_sampling_triton; test_sampling_triton.check_kernel_under_interpreter()"
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
+QWEN_VOCAB = 151_936
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_triton_matches_reference_at_qwen_vocab(seed: int, dtype: torch.dtype):
+    gen = torch.Generator().manual_seed(2000 + seed)
+    logits_NV, t = make_rows(gen, 256, QWEN_VOCAB, dtype, stop_mask=seed % 2 == 1, all_greedy=seed == 4)
+    logits_NV, t = logits_NV.cuda(), to_device(t, "cuda")
+    ref_tokens, ref_logprobs = sample_reference(logits_NV, t)
+    tokens, logprobs = sample(logits_NV, t)  # no top-k / top-p: dispatched to the kernel
+    assert_same_draws(tokens, logprobs, ref_tokens, ref_logprobs, f"seed {seed} {dtype}")
+
+    from nonstop.kernels.sampling_triton import sample_triton
+
+    row_key_N = counter_row_key(t.seed_N, t.sample_index_N, t.position_N)
+    for num_splits in (1, 7):
+        tokens, logprobs = sample_triton(logits_NV, t.temperature_N, row_key_N, t.stop_mask_N, t.all_greedy, num_splits)
+        assert_same_draws(tokens, logprobs, ref_tokens, ref_logprobs, f"seed {seed} {dtype} num_splits={num_splits}")
+
+
+@pytest.mark.gpu
+def test_triton_under_cuda_graph_follows_its_inputs():
+    gen = torch.Generator().manual_seed(11)
+    logits_NV, t = make_rows(gen, 256, QWEN_VOCAB, torch.bfloat16, stop_mask=True)
+    logits_NV, t = logits_NV.cuda(), to_device(t, "cuda")
+
+    def refill(seed: int) -> None:
+        new_logits, new_t = make_rows(torch.Generator().manual_seed(seed), 256, QWEN_VOCAB, torch.bfloat16, True)
+        logits_NV.copy_(new_logits)
+        for name in ("temperature_N", "seed_N", "sample_index_N", "position_N", "stop_mask_N"):
+            getattr(t, name).copy_(getattr(new_t, name))
+
+    sample(logits_NV, t)  # compile outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tokens, logprobs = sample(logits_NV, t)
+
+    for seed in range(3):
+        refill(seed)
+        graph.replay()
+        ref_tokens, ref_logprobs = sample_reference(logits_NV, t)
+        assert_same_draws(tokens, logprobs, ref_tokens, ref_logprobs, f"replay {seed}")
