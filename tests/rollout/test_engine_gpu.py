@@ -51,13 +51,36 @@ def test_bf16_cuda_graphs_equal_eager_and_logprobs_match_a_full_forward():
         ids = torch.tensor([t for p, c in seqs for t in p + c.token_ids], device="cuda")
         h = model(ids, packed_positions(lengths, "cuda"), PackedAttention.from_lengths(lengths, "cuda"))
         logprobs = model.compute_logits(h).float().log_softmax(-1)
-    offset = 0
+    offset, diffs = 0, []
     for (prompt, c), length in zip(seqs, lengths, strict=True):
         pos = torch.arange(offset + len(prompt) - 1, offset + length - 1, device="cuda")
         expected = logprobs[pos, torch.tensor(c.token_ids, device="cuda")].cpu()
-        # bf16 kernels differ (paged decode vs packed FlashAttention): agreement to bf16 resolution.
-        assert (torch.tensor(c.logprobs) - expected).abs().max() < 0.1
+        diffs.append((torch.tensor(c.logprobs) - expected).abs())
         offset += length
+    diff = torch.cat(diffs)
+    # bf16 kernels differ (paged decode vs packed FlashAttention): the requirement is a mean abs difference within
+    # 2e-2 over every sampled token of every sequence, with no single token far off.
+    assert diff.mean() <= 2e-2, f"mean abs {diff.mean():.4f}, max {diff.max():.4f} over {diff.numel()} tokens"
+    assert diff.max() <= 0.25, f"max abs {diff.max():.4f}"
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_read_the_step_buffer_through_a_shrinking_batch_and_min_tokens():
+    # Requests end at different steps, so decode replays bucket after bucket (padding rows included) from the one
+    # persistent step buffer, alternating pinned staging buffers; min_tokens builds the stop mask on the device.
+    _, model = cuda_model(dtype=torch.float32)
+    prompts = random_prompts(LENGTHS, vocab=MEDIUM["vocab_size"])
+    params = [
+        SamplingParams(temperature=0.8, top_k=50, max_tokens=4 + 5 * i, min_tokens=3, stop_token_ids=[7], seed=i)
+        for i in range(len(prompts))
+    ]
+    eager = LLM(model, enforce_eager=True, num_kv_blocks=256, max_num_seqs=40).generate(prompts, params)
+    llm = LLM(model, num_kv_blocks=256, max_num_seqs=40)
+    graphs = llm.generate(prompts, params)
+    assert llm.llm_engine.model_runner.graphs.graphs
+    for e, g in zip(eager, graphs, strict=True):
+        assert g.outputs[0].token_ids == e.outputs[0].token_ids
+        assert g.outputs[0].logprobs == pytest.approx(e.outputs[0].logprobs, abs=1e-4)
 
 
 @pytest.mark.gpu

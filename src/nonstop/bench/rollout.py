@@ -72,7 +72,14 @@ def decode_bytes(model: CausalLM, prompt_lens: list[int], out_lens: list[int], d
 def run_nonstop(model, prompts, out_lens, repeats: int, args) -> dict:
     from nonstop.rollout import LLM, SamplingParams
 
-    llm = LLM(model, gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs)
+    # As verl does: the longest sequence the rollout can produce, which bounds the block table each step uploads.
+    max_model_len = max(len(p) + o for p, o in zip(prompts, out_lens, strict=True))
+    llm = LLM(
+        model,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=max_model_len,
+    )
     params = [SamplingParams(temperature=1.0, max_tokens=o, ignore_eos=True, seed=i) for i, o in enumerate(out_lens)]
     llm.generate(prompts[:8], params[:8])  # warm-up: graph capture, Triton compile
     times, stats = [], None

@@ -107,9 +107,10 @@ class BlockManager:
 
     def num_free_blocks_needed(self, seq: Sequence, num_new_tokens: int, cached_block_ids: list[int] = ()) -> int:
         """Free-list blocks that `allocate(seq, num_new_tokens, cached_block_ids)` would consume."""
-        num_cached = len(cached_block_ids) * self.block_size if cached_block_ids else seq.num_cached_tokens
-        num_owned = len(cached_block_ids) if cached_block_ids else len(seq.block_table)
-        new_blocks = max(0, self.num_blocks_for(num_cached + num_new_tokens) - num_owned)
+        if not cached_block_ids:  # the per-step case: a running sequence needs the blocks past its table
+            return max(0, -(-(seq.num_cached_tokens + num_new_tokens) // self.block_size) - len(seq.block_table))
+        num_owned = len(cached_block_ids)
+        new_blocks = max(0, self.num_blocks_for(num_owned * self.block_size + num_new_tokens) - num_owned)
         # A cache hit on a block nobody holds takes it out of the free list too.
         revived = sum(1 for b in cached_block_ids if self.blocks[b].ref_count == 0)
         return new_blocks + revived
@@ -120,11 +121,10 @@ class BlockManager:
     def allocate(self, seq: Sequence, num_new_tokens: int, cached_block_ids: list[int] = ()) -> None:
         """Make room for `num_new_tokens` more tokens of KV after the cached ones. `cached_block_ids` (from
         `find_cached_prefix`, block-less sequences only) become the sequence's first blocks."""
-        assert self.can_allocate(seq, num_new_tokens, cached_block_ids)
         if not seq.block_table:
             seq.cache_epoch = self.cache_epoch
         if cached_block_ids:
-            assert not seq.block_table
+            assert not seq.block_table and self.can_allocate(seq, num_new_tokens, cached_block_ids)
             for block_id in cached_block_ids:
                 block = self.blocks[block_id]
                 if block.ref_count == 0:
@@ -134,9 +134,12 @@ class BlockManager:
                 seq.block_hashes.append(block.hash)
             seq.num_cached_tokens = len(cached_block_ids) * self.block_size
         end = seq.num_cached_tokens + num_new_tokens
-        while len(seq.block_table) < self.num_blocks_for(end):
+        missing = self.num_blocks_for(end) - len(seq.block_table)
+        assert missing <= len(self.free_block_ids)  # can_allocate, checked where it is cheap (the hits are taken)
+        for _ in range(missing):
             seq.block_table.append(self._take_free_block())
-        self._register_full_blocks(seq, end)
+        if end // self.block_size > len(seq.block_hashes):  # some block fills up in this step
+            self._register_full_blocks(seq, end)
 
     def can_append(self, seq: Sequence) -> bool:
         """Decode: room for one more token."""

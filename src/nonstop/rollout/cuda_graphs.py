@@ -2,14 +2,17 @@
 
 A decode step of a small model is hundreds of tiny kernels; launching them from Python costs more than running
 them. Graphs are captured per bucketed batch size (1, 2, 4, 8, 16, then multiples of 16 up to `max_num_seqs`)
-over static input buffers; a batch of N sequences replays the smallest bucket >= N, its padding rows writing
-their KV into the runner's scratch block and attending to one token there. Capture is lazy (first decode step
-after construction or `resume`) and the graphs hold the KV cache's and parameters' addresses: weight updates copy
-in place, and `clear()` drops them when the cache is released.
+and their static inputs ARE the leading rows of the runner's persistent device buffer (`StepBuffers.dev`), so a
+replay copies nothing: the step's one upload has already put the inputs there. A batch of N sequences replays the
+smallest bucket >= N, its padding rows (filled by `ModelRunner._prepare`) writing their KV into the runner's scratch
+block and attending to one token there. Capture is lazy (first decode step after construction or `resume`) and the
+graphs hold the KV cache's, the parameters' and the step buffer's addresses: weight updates copy in place, the step
+buffer lives as long as the runner, and `clear()` drops the graphs when the cache is released.
 """
 
 from __future__ import annotations
 
+import bisect
 from typing import TYPE_CHECKING
 
 import torch
@@ -32,48 +35,35 @@ class DecodeGraphs:
         self.batch_sizes = graph_batch_sizes(max_num_seqs)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = None
-        self.buffers: dict[str, Tensor] = {}
         self.hidden_ND: Tensor | None = None
 
     def fits(self, num_seqs: int) -> bool:
         return num_seqs <= self.batch_sizes[-1]
 
+    def bucket(self, num_seqs: int) -> int:
+        return self.batch_sizes[bisect.bisect_left(self.batch_sizes, num_seqs)]
+
     def clear(self) -> None:
         self.graphs.clear()
-        self.pool, self.buffers, self.hidden_ND = None, {}, None
+        self.pool, self.hidden_ND = None, None
 
-    def _fill(self, bucket: int, ids: Tensor, positions: Tensor, md: AttentionMetadata | None) -> None:
-        """Copy a step's inputs into the static buffers; rows past the batch point at the scratch block."""
-        b, r = self.buffers, self.runner
-        n = 0 if md is None else ids.shape[0]
-        b["input_ids"][n:bucket].zero_()
-        b["positions"][n:bucket].zero_()
-        b["slot_mapping"][n:bucket].fill_(r.scratch_block * r.block_size)
-        b["context_lens"][n:bucket].fill_(1)
-        b["block_tables"][n:bucket].fill_(r.scratch_block)
-        if n:
-            b["input_ids"][:n].copy_(ids)
-            b["positions"][:n].copy_(positions)
-            b["slot_mapping"][:n].copy_(md.slot_mapping_T)
-            b["context_lens"][:n].copy_(md.context_lens_N)
-            width = md.block_tables_NM.shape[1]
-            b["block_tables"][:n, :width].copy_(md.block_tables_NM)
+    @property
+    def captured(self) -> bool:
+        return bool(self.graphs)
 
-    def _capture_all(self) -> None:
+    def capture(self) -> None:
+        """Capture every bucket. It overwrites the step buffer's decode rows: call it before a step's upload."""
         r, dev = self.runner, self.runner.device
-        largest = self.batch_sizes[-1]
-        self.buffers = {
-            "input_ids": torch.zeros(largest, dtype=torch.int64, device=dev),
-            "positions": torch.zeros(largest, dtype=torch.int64, device=dev),
-            "slot_mapping": torch.zeros(largest, dtype=torch.int64, device=dev),
-            "context_lens": torch.ones(largest, dtype=torch.int32, device=dev),
-            "block_tables": torch.zeros(largest, r.max_blocks_per_seq, dtype=torch.int32, device=dev),
-        }
+        b, largest = r.buffers.dev, self.batch_sizes[-1]
+        # Capture-time inputs: every row a padding row, so the warm-ups and captures write only the scratch block.
+        b["input_ids"][:largest].zero_()
+        b["positions"][:largest].zero_()
+        b["slot_mapping"][:largest].fill_(r.scratch_block * r.block_size)
+        b["context_lens"][:largest].fill_(1)
+        b["block_tables"][:largest].fill_(r.scratch_block)
         self.hidden_ND = torch.zeros(largest, r.config.hidden_size, dtype=r.dtype, device=dev)
         # Largest first, so the smaller graphs reuse its memory pool.
         for bucket in reversed(self.batch_sizes):
-            self._fill(bucket, None, None, None)
-            b = self.buffers
             md = AttentionMetadata(
                 slot_mapping_T=b["slot_mapping"][:bucket], num_prefill_tokens=0, cu_seqlens_q=[0], cu_seqlens_k=[0],
                 cu_seqlens_q_t=None, cu_seqlens_k_t=None, context_slots_C=None,
@@ -91,11 +81,8 @@ class DecodeGraphs:
             self.graphs[bucket] = graph
         torch.cuda.synchronize(dev)
 
-    def replay(self, ids: Tensor, positions: Tensor, md: AttentionMetadata) -> Tensor:
-        if not self.graphs:
-            self._capture_all()
-        n = ids.shape[0]
-        bucket = next(s for s in self.batch_sizes if s >= n)
-        self._fill(bucket, ids, positions, md)
+    def replay(self, num_seqs: int, bucket: int) -> Tensor:
+        """Runs the `bucket` graph on the inputs already uploaded to the step buffer; the first `num_seqs` rows of
+        the hidden states are the batch's."""
         self.graphs[bucket].replay()
-        return self.hidden_ND[:n]
+        return self.hidden_ND[:num_seqs]

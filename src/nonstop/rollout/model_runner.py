@@ -4,6 +4,14 @@ Per step it packs the scheduled tokens (prefill sequences first, then decode), b
 `positions`, `slot_mapping`, `cu_seqlens_q/k`, `block_tables`, `context_lens` — runs the model with a
 `PagedAttention` backend, computes logits only at the positions that sample, and samples on the device.
 
+The host side of a step is kept off the per-token Python path (a decode step at batch 256 would otherwise spend
+milliseconds building lists): each scheduled sequence owns a row of persistent numpy state (`SequenceRows`: its
+block table, updated only when blocks are appended, and its constant sampling settings); the decode segment's
+metadata and every sampled row's settings are computed from those rows with numpy into ONE pinned staging buffer
+and reach the device in ONE non-blocking copy (`StepBuffers`), whose device-side views the model, the CUDA graphs
+(their static inputs are those views) and the sampler read. Prefill segments, compute-bound, build their per-token
+metadata with numpy and copy it the plain way. The one host sync per step stays the read of the sampled ids.
+
 CUDA only (`device.type == "cuda"`): the KV cache is sized from `gpu_memory_utilization` after a warm-up forward
 at `max_num_batched_tokens` measures the activation peak, and decode-only steps replay CUDA graphs captured at
 bucketed batch sizes (captured lazily at the first decode, dropped on `release_kv_cache`, since they hold the
@@ -12,6 +20,9 @@ cache's addresses). On CPU the cache has a fixed byte budget and everything runs
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -20,8 +31,150 @@ from nonstop.rollout.cuda_graphs import DecodeGraphs
 from nonstop.rollout.paged_attention import AttentionMetadata, PagedAttention
 from nonstop.rollout.sampler import SamplingTensors, sample
 from nonstop.rollout.scheduler import ScheduledBatch
+from nonstop.rollout.sequence import Sequence
 
 CPU_KV_CACHE_BYTES = 256 * 2**20
+
+
+class SequenceRows:
+    """Host-side rows of per-sequence state that persist across steps, so a step gathers them with numpy instead of
+    rebuilding them from Python lists: each scheduled sequence owns one row of a [max_num_seqs, M] int32 block table
+    and of its constant sampling settings.
+
+    A row mirrors one `Sequence.block_table` list object. The BlockManager only ever appends to such a list
+    (`deallocate` and `fork` assign new lists), so `sync` rewrites a row whole when the sequence's list is not the
+    one the row mirrors (new row, preemption, fork) and otherwise copies just the appended tail. A sequence that is
+    not scheduled in a step gives its row back (preempted, finished, aborted or waiting for budget); it gets a fresh
+    row, written whole, when it is scheduled again.
+    """
+
+    def __init__(self, num_rows: int, max_blocks: int):
+        self.block_tables = np.zeros((num_rows, max_blocks), dtype=np.int32)
+        self.mirrored: list[list[int] | None] = [None] * num_rows  # the block_table list each row copies
+        self.num_blocks = [0] * num_rows  # how many of its entries are copied
+        self.temperature = np.zeros(num_rows, dtype=np.float32)
+        self.top_k = np.zeros(num_rows, dtype=np.int64)
+        self.top_p = np.ones(num_rows, dtype=np.float32)
+        self.seed = np.zeros(num_rows, dtype=np.int64)
+        self.sample_index = np.zeros(num_rows, dtype=np.int64)
+        self.num_prompt_tokens = np.zeros(num_rows, dtype=np.int64)
+        self.min_tokens = np.zeros(num_rows, dtype=np.int64)
+        self.stop_token_ids: list[list[int]] = [[] for _ in range(num_rows)]
+        self.row_of: dict[int, int] = {}  # seq_id -> row
+        self.free_rows = list(range(num_rows - 1, -1, -1))
+
+    def sync(self, seqs: list[Sequence]) -> np.ndarray:
+        """The rows of `seqs`, in order, with their block tables brought up to date."""
+        row_of = self.row_of
+        for seq_id in row_of.keys() - {s.seq_id for s in seqs}:
+            row = row_of.pop(seq_id)
+            self.mirrored[row] = None
+            self.free_rows.append(row)
+        rows = []
+        for seq in seqs:
+            row = row_of.get(seq.seq_id)
+            if row is None:
+                row = self._assign(seq)
+            table, done = seq.block_table, self.num_blocks[row]
+            if table is not self.mirrored[row]:
+                self.block_tables[row, : len(table)] = table
+                self.mirrored[row], self.num_blocks[row] = table, len(table)
+            elif len(table) != done:
+                self.block_tables[row, done : len(table)] = table[done:]
+                self.num_blocks[row] = len(table)
+            rows.append(row)
+        return np.array(rows, dtype=np.int64)
+
+    def _assign(self, seq: Sequence) -> int:
+        row = self.free_rows.pop()
+        self.row_of[seq.seq_id] = row
+        p = seq.sampling_params
+        self.temperature[row], self.top_k[row], self.top_p[row] = p.temperature, p.top_k, p.top_p
+        self.seed[row], self.sample_index[row] = seq.seed, seq.sample_index
+        self.num_prompt_tokens[row], self.min_tokens[row] = seq.num_prompt_tokens, p.min_tokens
+        self.stop_token_ids[row] = sorted(seq.stop_token_ids)
+        self.mirrored[row] = None
+        return row
+
+
+class StepBuffers:
+    """The per-step metadata of up to `num_rows` rows in ONE flat int32 buffer, in two places: pinned host staging
+    (two of them, used alternately) and a persistent device buffer that the CUDA graphs read directly. A step fills
+    the numpy views of a staging buffer and `upload`s it with one non-blocking copy; the model, the graphs and the
+    sampler read views of the device buffer. Fields: int64 ones first (so their int32 offsets stay even), then
+    int32/float32 ones, then the [num_rows, M] block table last, so a step copies only the block-table rows it uses.
+
+    Reusing pinned memory is safe: a staging buffer is written again only two steps after the copy that read it,
+    and only after the CUDA event recorded behind that copy has completed (`next_host_fields`). Today that wait
+    never blocks, since every step ends by reading the sampled tokens back, which waits for everything queued before
+    it; the event keeps the reuse safe if the engine ever overlaps scheduling with the device. The device buffer is
+    overwritten by the next step's copy only after this step's kernels, all on the same stream, have read it.
+    """
+
+    INT64 = ("input_ids", "positions", "slot_mapping", "logit_rows", "top_k", "seed", "sample_index", "position")
+    INT32 = ("context_lens",)
+    FLOAT32 = ("temperature", "top_p")
+
+    def __init__(self, num_rows: int, max_blocks: int, device: torch.device):
+        self.num_rows, self.max_blocks, self.device = num_rows, max_blocks, device
+        self.header = num_rows * (2 * len(self.INT64) + len(self.INT32) + len(self.FLOAT32))
+        size = self.header + num_rows * max_blocks
+        pinned = device.type == "cuda"
+        self.staging = [torch.zeros(size, dtype=torch.int32, pin_memory=pinned) for _ in range(2)]
+        self.host = [{k: v.numpy() for k, v in self._views(t).items()} for t in self.staging]
+        self.device_buffer = torch.zeros(size, dtype=torch.int32, device=device)
+        self.dev = self._views(self.device_buffer)
+        self.copied = [torch.cuda.Event() if pinned else None for _ in range(2)]
+        self.current = 1
+
+    def _views(self, flat: Tensor) -> dict[str, Tensor]:
+        R, views, offset = self.num_rows, {}, 0
+        for names, width, dtype in ((self.INT64, 2, torch.int64), (self.INT32, 1, torch.int32),
+                                    (self.FLOAT32, 1, torch.float32)):  # fmt: skip
+            for name in names:
+                views[name] = flat[offset : offset + width * R].view(dtype)
+                offset += width * R
+        views["block_tables"] = flat[offset:].view(R, self.max_blocks)
+        return views
+
+    def next_host_fields(self) -> dict[str, np.ndarray]:
+        """Numpy views of the staging buffer to fill for this step."""
+        self.current ^= 1
+        if self.copied[self.current] is not None:
+            self.copied[self.current].synchronize()  # the copy that last read it is done (see the class docstring)
+        return self.host[self.current]
+
+    def upload(self, num_block_table_rows: int) -> dict[str, Tensor]:
+        """One copy of the staging buffer's fields and its first block-table rows; returns the device views."""
+        n = self.header + num_block_table_rows * self.max_blocks
+        self.device_buffer[:n].copy_(self.staging[self.current][:n], non_blocking=True)
+        if self.copied[self.current] is not None:
+            self.copied[self.current].record(torch.cuda.current_stream(self.device))
+        return self.dev
+
+
+@dataclass
+class StepPlan:
+    """What `_prepare` and `_sampling_inputs` worked out on the host about a step, besides the staged fields."""
+
+    num_decode: int
+    bucket: int  # decode rows the step uploads: num_decode, or the CUDA graph's padded batch size
+    use_graph: bool = False
+    num_prefill_tokens: int = 0
+    prefill_ids: list[int] | None = None
+    prefill_positions: np.ndarray | None = None
+    prefill_slots: np.ndarray | None = None
+    context_slots: np.ndarray | None = None
+    has_prefix: bool = False
+    cu_seqlens_q: list[int] = field(default_factory=lambda: [0])
+    cu_seqlens_k: list[int] = field(default_factory=lambda: [0])
+    cached_N: np.ndarray | None = None  # per sequence, in batch order: num_cached_tokens before this step
+    last_index: np.ndarray | None = None  # per sequence, in batch order: the packed index of its last token
+    num_sample_rows: int = 0
+    all_greedy: bool = True
+    any_top_k: bool = False
+    any_top_p: bool = False
+    banned: list[tuple[int, int]] | None = None  # (sample row, token) pairs masked for min_tokens
 
 
 class ModelRunner:
@@ -45,7 +198,6 @@ class ModelRunner:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.gpu_memory_utilization = gpu_memory_utilization
-        self.eos_token_ids = self.config.eos_token_ids
         self.num_kv_blocks = num_kv_blocks if num_kv_blocks is not None else self._default_num_blocks()
         if self.num_kv_blocks < 1:
             raise ValueError(
@@ -55,6 +207,8 @@ class ModelRunner:
         self.k_caches: list[Tensor] = []
         self.v_caches: list[Tensor] = []
         self.allocate_kv_cache()
+        self.rows = SequenceRows(max_num_seqs, self.max_blocks_per_seq)
+        self.buffers = StepBuffers(max_num_seqs, self.max_blocks_per_seq, self.device)
         use_graphs = self.device.type == "cuda" and not enforce_eager
         self.graphs = DecodeGraphs(self, max_num_seqs) if use_graphs else None
 
@@ -146,100 +300,164 @@ class ModelRunner:
 
     # -- one step ---------------------------------------------------------------------------------------------------
 
-    def _prepare(self, batch: ScheduledBatch) -> tuple[Tensor, Tensor, AttentionMetadata, list[int]]:
-        """Packed inputs and metadata; also, in batch order, the packed index of each sequence's last token."""
-        B = self.block_size
-        order = sorted(range(len(batch.seqs)), key=lambda i: batch.num_new_tokens[i] == 1)
-        ids, positions, slots, last_index = [], [], [], [0] * len(order)
-        cu_q, cu_k, context_slots, has_prefix = [0], [0], [], False
-        block_tables, context_lens = [], []
-        num_prefill = 0
-        for i in order:
-            seq, n = batch.seqs[i], batch.num_new_tokens[i]
-            start, end = seq.num_cached_tokens, seq.num_cached_tokens + n
+    def _prepare(self, batch: ScheduledBatch, host: dict[str, np.ndarray], rows_N: np.ndarray) -> StepPlan:
+        """Fills the decode segment's metadata into the staging buffer (vectorised over the persistent block-table
+        rows) and builds the prefill segment's on the host; prefill sequences are packed first."""
+        B, seqs, num_new = self.block_size, batch.seqs, batch.num_new_tokens
+        prefill = [i for i, n in enumerate(num_new) if n > 1]
+        decode = [i for i, n in enumerate(num_new) if n == 1] if prefill else list(range(len(seqs)))
+        table_RM = self.rows.block_tables
+        plan = StepPlan(num_decode=len(decode), bucket=len(decode))
+        plan.cached_N = np.fromiter((s.num_cached_tokens for s in seqs), dtype=np.int64, count=len(seqs))
+        last_index = np.empty(len(seqs), dtype=np.int64)
+        ids, positions, slots, context_slots, cu_q, cu_k = [], [], [], [], [0], [0]
+        for i in prefill:
+            seq, row = seqs[i], rows_N[i]
+            start, end = seq.num_cached_tokens, seq.num_cached_tokens + num_new[i]
             ids += seq.token_ids[start:end]
-            positions += range(start, end)
-            table = seq.block_table
-            slots += [table[p // B] * B + p % B for p in range(start, end)]
-            last_index[i] = len(ids) - 1
-            if n > 1:
-                num_prefill += n
-                cu_q.append(cu_q[-1] + n)
-                cu_k.append(cu_k[-1] + end)
-                context_slots += [table[p // B] * B + p % B for p in range(end)]
-                has_prefix |= start > 0
-            else:
-                block_tables.append(table)
-                context_lens.append(end)
+            pos = np.arange(end)
+            slots_ = table_RM[row, pos // B].astype(np.int64) * B + pos % B
+            positions.append(pos[start:])
+            slots.append(slots_[start:])
+            context_slots.append(slots_)
+            plan.has_prefix |= start > 0
+            cu_q.append(cu_q[-1] + end - start)
+            cu_k.append(cu_k[-1] + end)
+            last_index[i] = cu_q[-1] - 1
+        plan.num_prefill_tokens = cu_q[-1]
+        if prefill:
+            plan.prefill_ids, plan.cu_seqlens_q, plan.cu_seqlens_k = ids, cu_q, cu_k
+            plan.prefill_positions, plan.prefill_slots = np.concatenate(positions), np.concatenate(slots)
+            plan.context_slots = np.concatenate(context_slots) if plan.has_prefix else None
 
-        def to_device(values, dtype=torch.int64):
-            return torch.tensor(values, dtype=dtype, device=self.device)
+        D = len(decode)
+        if D:
+            last_index[decode] = np.arange(plan.num_prefill_tokens, plan.num_prefill_tokens + D)
+            d_seqs = [seqs[i] for i in decode] if prefill else seqs
+            pos_D = plan.cached_N[decode] if prefill else plan.cached_N
+            row_D = rows_N[decode]
+            width = int(pos_D.max()) // B + 1
+            host["input_ids"][:D] = [s.token_ids[s.num_cached_tokens] for s in d_seqs]
+            host["positions"][:D] = pos_D
+            host["slot_mapping"][:D] = table_RM[row_D, pos_D // B].astype(np.int64) * B + pos_D % B
+            host["context_lens"][:D] = pos_D + 1
+            host["block_tables"][:D, :width] = table_RM[row_D, :width]
+            if not prefill and self.graphs is not None and self.graphs.fits(D):
+                # Rows padding the batch to its graph's size write their KV into the scratch block.
+                plan.use_graph, plan.bucket = True, self.graphs.bucket(D)
+                host["input_ids"][D : plan.bucket] = 0
+                host["positions"][D : plan.bucket] = 0
+                host["slot_mapping"][D : plan.bucket] = self.scratch_block * B
+                host["context_lens"][D : plan.bucket] = 1
+                host["block_tables"][D : plan.bucket, 0] = self.scratch_block
+        plan.last_index = last_index
+        return plan
 
-        width = max((len(t) for t in block_tables), default=0)
+    def _sampling_inputs(self, batch: ScheduledBatch, host: dict[str, np.ndarray], rows_N: np.ndarray, plan: StepPlan):
+        """Fills one staging row per sample drawn (a group parent draws num_samples), in batch order."""
+        seqs, n = batch.seqs, len(batch.seqs)
+        end_N = plan.cached_N + np.asarray(batch.num_new_tokens, dtype=np.int64)
+        num_tokens_N = np.fromiter((len(s.token_ids) for s in seqs), dtype=np.int64, count=n)
+        num_samples_N = np.fromiter((s.num_samples for s in seqs), dtype=np.int64, count=n)
+        counts_N = np.where(end_N == num_tokens_N, num_samples_N, 0)
+        num_rows = int(counts_N.sum())
+        plan.num_sample_rows = num_rows
+        if not num_rows:
+            return
+        assert num_rows <= self.max_num_seqs
+        src_S = np.repeat(np.arange(n), counts_N)
+        first_S = np.repeat(np.cumsum(counts_N) - counts_N, counts_N)
+        r, S, prow_S = self.rows, num_rows, rows_N[src_S]
+        temperature_S = r.temperature[prow_S]
+        position_S = end_N[src_S] - r.num_prompt_tokens[prow_S]
+        host["logit_rows"][:S] = plan.last_index[src_S]
+        host["temperature"][:S] = temperature_S
+        host["top_k"][:S] = r.top_k[prow_S]
+        host["top_p"][:S] = r.top_p[prow_S]
+        host["seed"][:S] = r.seed[prow_S]
+        host["sample_index"][:S] = r.sample_index[prow_S] + np.arange(S) - first_S
+        host["position"][:S] = position_S
+        sampled = temperature_S > 0
+        plan.all_greedy = not sampled.any()
+        plan.any_top_k = bool((sampled & (r.top_k[prow_S] > 0)).any())
+        plan.any_top_p = bool((sampled & (r.top_p[prow_S] < 1)).any())
+        # min_tokens: (row, token) pairs to ban, only for rows still short of it; tokens past the vocabulary can
+        # never be sampled and would index out of range on the device.
+        short = np.flatnonzero(position_S < r.min_tokens[prow_S])
+        V = self.config.vocab_size
+        plan.banned = [(s, t) for s in short.tolist() for t in r.stop_token_ids[prow_S[s]] if t < V]
+
+    def _stop_mask(self, plan: StepPlan) -> Tensor | None:
+        if not plan.banned:
+            return None
+        pairs = torch.tensor(plan.banned, dtype=torch.int64).T
+        if self.device.type == "cuda":
+            # Pinned, so the copy does not wait for the stream; the caching host allocator keeps the block alive
+            # until the copy has run.
+            pairs = pairs.contiguous().pin_memory().to(self.device, non_blocking=True)
+        stop_mask = torch.zeros(plan.num_sample_rows, self.config.vocab_size, dtype=torch.bool, device=self.device)
+        stop_mask[pairs[0], pairs[1]] = True
+        return stop_mask
+
+    def _attention_inputs(self, plan: StepPlan, dev: dict[str, Tensor]) -> tuple[Tensor, Tensor, AttentionMetadata]:
+        D = plan.num_decode
+        ids, positions, slots = dev["input_ids"][:D], dev["positions"][:D], dev["slot_mapping"][:D]
         md = AttentionMetadata(
-            slot_mapping_T=to_device(slots),
-            num_prefill_tokens=num_prefill,
-            cu_seqlens_q=cu_q,
-            cu_seqlens_k=cu_k,
-            cu_seqlens_q_t=to_device(cu_q, torch.int32) if num_prefill else None,
-            cu_seqlens_k_t=to_device(cu_k, torch.int32) if num_prefill else None,
-            context_slots_C=to_device(context_slots) if has_prefix else None,
-            block_tables_NM=to_device([t + [0] * (width - len(t)) for t in block_tables], torch.int32)
-            if block_tables
-            else None,
-            context_lens_N=to_device(context_lens, torch.int32) if block_tables else None,
+            slot_mapping_T=slots,
+            num_prefill_tokens=plan.num_prefill_tokens,
+            cu_seqlens_q=plan.cu_seqlens_q,
+            cu_seqlens_k=plan.cu_seqlens_k,
+            cu_seqlens_q_t=None,
+            cu_seqlens_k_t=None,
+            context_slots_C=None,
+            block_tables_NM=dev["block_tables"][:D] if D else None,
+            context_lens_N=dev["context_lens"][:D] if D else None,
         )
-        return to_device(ids), to_device(positions), md, last_index
+        if plan.num_prefill_tokens:
+            # Prefill steps are few and compute-bound: their per-token metadata is copied the plain way.
+            def to_device(values, dtype=torch.int64):
+                return torch.as_tensor(values, dtype=dtype).to(self.device)
 
-    def _sampling_inputs(self, batch: ScheduledBatch, last_index: list[int]) -> tuple[list[int], SamplingTensors]:
-        rows, temperature, top_k, top_p, seed, sample_index, position, banned = [], [], [], [], [], [], [], []
-        for i, seq in enumerate(batch.seqs):
-            if not batch.samples(i):
-                continue
-            p = seq.sampling_params
-            for j in range(seq.num_samples):
-                if seq.num_output_tokens < p.min_tokens:
-                    stop = set(p.stop_token_ids or ()) | (set() if p.ignore_eos else set(self.eos_token_ids))
-                    banned += [(len(rows), t) for t in stop]
-                rows.append(last_index[i])
-                temperature.append(p.temperature)
-                top_k.append(p.top_k)
-                top_p.append(p.top_p)
-                seed.append(seq.seed)
-                sample_index.append(seq.sample_index + j)
-                position.append(seq.num_output_tokens)
-        dev = self.device
-        stop_mask = None
-        if banned:
-            stop_mask = torch.zeros(len(rows), self.config.vocab_size, dtype=torch.bool)
-            stop_mask[[r for r, _ in banned], [t for _, t in banned]] = True
-            stop_mask = stop_mask.to(dev)
-        tensors = SamplingTensors(
-            temperature_N=torch.tensor(temperature, dtype=torch.float32, device=dev),
-            top_k_N=torch.tensor(top_k, dtype=torch.int64, device=dev),
-            top_p_N=torch.tensor(top_p, dtype=torch.float32, device=dev),
-            seed_N=torch.tensor(seed, dtype=torch.int64, device=dev),
-            sample_index_N=torch.tensor(sample_index, dtype=torch.int64, device=dev),
-            position_N=torch.tensor(position, dtype=torch.int64, device=dev),
-            stop_mask_N=stop_mask,
-            all_greedy=all(t == 0 for t in temperature),
-            any_top_k=any(k > 0 for k, t in zip(top_k, temperature, strict=True) if t > 0),
-            any_top_p=any(p < 1 for p, t in zip(top_p, temperature, strict=True) if t > 0),
-        )
-        return rows, tensors
+            ids = torch.cat([to_device(plan.prefill_ids), ids])
+            positions = torch.cat([to_device(plan.prefill_positions), positions])
+            md.slot_mapping_T = torch.cat([to_device(plan.prefill_slots), slots])
+            md.cu_seqlens_q_t = to_device(plan.cu_seqlens_q, torch.int32)
+            md.cu_seqlens_k_t = to_device(plan.cu_seqlens_k, torch.int32)
+            if plan.context_slots is not None:
+                md.context_slots_C = to_device(plan.context_slots)
+        return ids, positions, md
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> tuple[list[int], list[float]]:
         """Sampled token ids and their log-probs, one row per sample drawn, in batch order."""
-        ids, positions, md, last_index = self._prepare(batch)
-        if self.graphs is not None and md.num_prefill_tokens == 0 and self.graphs.fits(len(batch.seqs)):
-            hidden = self.graphs.replay(ids, positions, md)
+        host = self.buffers.next_host_fields()
+        rows_N = self.rows.sync(batch.seqs)
+        plan = self._prepare(batch, host, rows_N)
+        self._sampling_inputs(batch, host, rows_N, plan)
+        if plan.use_graph and not self.graphs.captured:
+            self.graphs.capture()  # before the upload: capturing overwrites the buffer's decode rows
+        dev = self.buffers.upload(num_block_table_rows=plan.bucket)  # the step's one host-to-device copy
+        if plan.use_graph:
+            hidden = self.graphs.replay(plan.num_decode, plan.bucket)
         else:
+            ids, positions, md = self._attention_inputs(plan, dev)
             hidden = self.model(ids, positions, PagedAttention(self.k_caches, self.v_caches, md))
-        rows, tensors = self._sampling_inputs(batch, last_index)
-        if not rows:
+        S = plan.num_sample_rows
+        if not S:
             return [], []
-        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+        logits = self.model.compute_logits(hidden[dev["logit_rows"][:S]])
+        tensors = SamplingTensors(
+            temperature_N=dev["temperature"][:S],
+            top_k_N=dev["top_k"][:S],
+            top_p_N=dev["top_p"][:S],
+            seed_N=dev["seed"][:S],
+            sample_index_N=dev["sample_index"][:S],
+            position_N=dev["position"][:S],
+            stop_mask_N=self._stop_mask(plan),
+            all_greedy=plan.all_greedy,
+            any_top_k=plan.any_top_k,
+            any_top_p=plan.any_top_p,
+        )
         tokens, logprobs = sample(logits, tensors)
         # The step's one host sync: reading the sampled ids (and their log-probs, in the same copy).
         out = torch.stack([tokens.double(), logprobs.double()]).cpu()

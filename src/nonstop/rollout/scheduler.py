@@ -89,6 +89,9 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         self.check_fits(seq)
+        params = seq.sampling_params
+        eos = () if params.ignore_eos else self.eos_token_ids
+        seq.stop_token_ids = frozenset(params.stop_token_ids or ()) | frozenset(eos)
         self.waiting.append(seq)
 
     def is_finished(self) -> bool:
@@ -106,16 +109,17 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         bm, budget = self.block_manager, self.max_num_batched_tokens
         seqs, num_new = [], []
-        candidates, kept = list(self.running), deque()
+        candidates, kept = deque(self.running), deque()
         preempted = False
         while candidates:
-            seq = candidates.pop(0)
+            seq = candidates.popleft()
             n = min(seq.num_tokens - seq.num_cached_tokens, budget)
             if n == 0:
                 kept.append(seq)
                 continue
-            fork = self._reserve_fork_blocks(seq, n, seq.num_cached_tokens)
-            while bm.num_free_blocks_needed(seq, n) + fork > bm.num_free_blocks:
+            fork = self._reserve_fork_blocks(seq, n, seq.num_cached_tokens) if seq.num_samples > 1 else 0
+            needed = bm.num_free_blocks_needed(seq, n) + fork  # preempting others frees blocks, not this one's needs
+            while needed > bm.num_free_blocks:
                 preempted = True
                 if candidates:
                     self.preempt(candidates.pop())
@@ -126,7 +130,8 @@ class Scheduler:
             if seq is None:
                 break
             bm.allocate(seq, n)
-            seq.fork_block_ids = bm.allocate_blocks(fork)
+            if fork:
+                seq.fork_block_ids = bm.allocate_blocks(fork)
             seqs.append(seq)
             num_new.append(n)
             kept.append(seq)
@@ -161,8 +166,10 @@ class Scheduler:
         if any(s.num_cached_tokens >= s.num_prompt_tokens for s in seqs):
             self.stats.num_decode_steps += 1
         for seq, n in zip(seqs, num_new, strict=True):
-            prompt_end = min(seq.num_cached_tokens + n, seq.num_prompt_tokens)
-            self.stats.num_prefill_tokens += max(0, prompt_end - seq.num_cached_tokens)
+            if seq.num_cached_tokens < seq.num_prompt_tokens:
+                self.stats.num_prefill_tokens += (
+                    min(seq.num_cached_tokens + n, seq.num_prompt_tokens) - seq.num_cached_tokens
+                )
         return ScheduledBatch(seqs, num_new)
 
     def preempt(self, seq: Sequence) -> None:
@@ -177,21 +184,16 @@ class Scheduler:
         """Advance every scheduled sequence past the tokens it computed and append the sampled tokens: rows of
         `token_ids` follow the batch order, `num_samples` rows for each sequence that sampled."""
         result, row = StepResult(), 0
-        for i, seq in enumerate(batch.seqs):
-            samples = batch.samples(i)
-            seq.num_cached_tokens += batch.num_new_tokens[i]
-            if not samples:
+        for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
+            seq.num_cached_tokens += n
+            if seq.num_cached_tokens != len(seq.token_ids):  # a prefill chunk short of the end: nothing sampled
                 continue
-            group = [seq]
-            if seq.num_samples > 1:
-                group += self._fork(seq, result)
-            for member in group:
+            for member in [seq, *self._fork(seq, result)] if seq.num_samples > 1 else (seq,):
                 member.append_token(token_ids[row], logprobs[row])
                 row += 1
-                self.stats.num_generated_tokens += 1
-                self._check_stop(member)
-                if member.is_finished:
+                if self._check_stop(member):
                     result.finished.append(member)
+        self.stats.num_generated_tokens += row
         assert row == len(token_ids)
         if result.forked:
             self.running.extend(result.forked)
@@ -215,14 +217,16 @@ class Scheduler:
         result.forked.extend(children)
         return children
 
-    def _check_stop(self, seq: Sequence) -> None:
-        params, token = seq.sampling_params, seq.token_ids[-1]
-        if seq.num_output_tokens >= params.min_tokens and (
-            (not params.ignore_eos and token in self.eos_token_ids) or token in (params.stop_token_ids or ())
-        ):
+    def _check_stop(self, seq: Sequence) -> bool:
+        """Finishes the sequence if its last token ends it; returns whether it did."""
+        params, num_output = seq.sampling_params, len(seq.token_ids) - seq.num_prompt_tokens
+        if num_output >= params.min_tokens and seq.token_ids[-1] in seq.stop_token_ids:
             self.finish(seq, FinishReason.STOP)
-        elif seq.num_output_tokens >= params.max_tokens:
+            return True
+        if num_output >= params.max_tokens:
             self.finish(seq, FinishReason.LENGTH)
+            return True
+        return False
 
     @staticmethod
     def finish(seq: Sequence, reason: str) -> None:

@@ -61,6 +61,9 @@ class Sequence:
         self.num_cached_tokens = 0
         # Blocks reserved by the scheduler for the private last-block copies of a fork (group parent only).
         self.fork_block_ids: list[int] = []
+        # Tokens that finish this sequence once min_tokens are out (stop ids, plus EOS unless ignore_eos); set by
+        # `Scheduler.add`, which knows the model's EOS ids, and masked by the sampler until min_tokens.
+        self.stop_token_ids: frozenset[int] = frozenset(sampling_params.stop_token_ids or ())
 
     @property
     def num_tokens(self) -> int:
@@ -93,6 +96,7 @@ class Sequence:
         child.output_logprobs = list(self.output_logprobs)
         child.block_hashes = list(self.block_hashes)
         child.cache_epoch = self.cache_epoch
+        child.stop_token_ids = self.stop_token_ids
         child.num_cached_tokens = self.num_cached_tokens
         child.status = self.status
         return child
