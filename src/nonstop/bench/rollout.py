@@ -220,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("nonstop bench rollout needs a CUDA GPU")
     hf_pairs = {tuple(p.split(":")) for p in args.transformers.split(",") if p}
+    out_path = args.out or default_result_path("rollout")
+    command = "nonstop bench rollout " + " ".join(argv or [])
     env = environment()
     env["copy_bandwidth_gbs"] = copy_gbs = copy_bandwidth(torch.device("cuda")) / 1e9
     rows = []
@@ -237,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
                 row["speedup"] = ours["tok_s"] / row["transformers"]["tok_s"]
             rows.append(row)
             print(json.dumps(row), flush=True)
+            # Written after every row: a run stopped by a time limit keeps what it measured.
+            write_result(out_path, {"environment": env, "command": command, "rows": rows})
         del model
         torch.cuda.empty_cache()
     print(f"\ncopy bandwidth {copy_gbs:.0f} GB/s; {env['gpu']}, torch {env['torch']}")
@@ -252,6 +256,4 @@ def main(argv: list[str] | None = None) -> int:
             f"{b['attention']:6.2f} {b['gemm']:6.2f} {b['other_kernels'] + b['sampling']:6.2f} "
             f"{b['host_gap_ms']:6.2f} {o['num_preemptions']}"
         )
-    command = "nonstop bench rollout " + " ".join(argv or [])
-    write_result(args.out or default_result_path("rollout"), {"environment": env, "command": command, "rows": rows})
     return 0
