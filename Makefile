@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: venv
-	$(VENV)/bin/nonstop generate --prompt "What is 12 + 30? Answer with the number." --max-tokens 48
+	$(VENV)/bin/nonstop generate --prompt "Write a haiku about a GPU that never waits." --prompt "What is the capital of France?" --max-tokens 48 --temperature 0.7 --top-p 0.9 --seed 3
 
 lint: venv
 	$(VENV)/bin/ruff check src tests

@@ -1,0 +1,55 @@
+"""Statistics over the valid tokens of a padded `[B, L]` batch, and prompt-uid grouping.
+
+verl's `masked_mean` / `masked_var` / `masked_whiten` semantics, including their epsilons (1e-8 in the
+mean's denominator and under the square root), because advantages must match verl's to the last digit
+for a verl user's run to reproduce.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+def masked_sum(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    # where() first: a NaN in a padded slot would survive `values * 0`.
+    valid = torch.where(mask.bool(), values, 0.0)
+    return valid.sum() if dim is None else valid.sum(dim=dim)
+
+
+def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    count = mask.sum() if dim is None else mask.sum(dim=dim)
+    return masked_sum(values, mask, dim) / (count + 1e-8)
+
+
+def masked_var(values: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
+    """Variance over all valid elements; Bessel-corrected when `unbiased` (needs >= 2 of them)."""
+    centered = values - masked_mean(values, mask)
+    variance = masked_mean(centered**2, mask)
+    if unbiased:
+        count = mask.sum()
+        if count < 2:
+            raise ValueError(f"unbiased masked variance needs at least 2 valid elements, got {int(count)}")
+        variance = variance * count / (count - 1)
+    return variance
+
+
+def masked_whiten(values: Tensor, mask: Tensor, shift_mean: bool = True) -> Tensor:
+    """(values − mean) / sqrt(var + 1e-8) with mean and unbiased var over the valid elements only."""
+    mean = masked_mean(values, mask)
+    whitened = (values - mean) * torch.rsqrt(masked_var(values, mask) + 1e-8)
+    return whitened if shift_mean else whitened + mean
+
+
+def group_ids(index: Sequence | np.ndarray | Tensor, device: torch.device | str | None = None) -> Tensor:
+    """Map prompt uids (strings, ints, any hashable; verl passes `np.ndarray` of uid strings) to dense
+    group ids `0..G-1` in order of first appearance, as an int64 tensor `[B]`."""
+    if isinstance(index, Tensor):
+        _, inverse = torch.unique(index, return_inverse=True)
+        return inverse.to(device=device, dtype=torch.long)
+    first_seen: dict = {}
+    ids = [first_seen.setdefault(uid, len(first_seen)) for uid in np.asarray(index, dtype=object).tolist()]
+    return torch.tensor(ids, dtype=torch.long, device=device)

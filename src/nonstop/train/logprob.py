@@ -1,0 +1,110 @@
+"""Per-token log-probs and entropy from hidden states, without ever holding `[T, V]` logits whole.
+
+With a 151,936-entry vocabulary, fp32 logits cost 0.6 MB per token, and autograd through `log_softmax` keeps
+several such tensors alive until backward. `ChunkedLogProb` projects C tokens at a time, keeps only the per-token
+log-sum-exp, and recomputes each chunk's logits in backward, so what waits for backward is O(T) plus the inputs
+themselves; the transient peak is O(C × V).
+
+Math is fp32 throughout: each hidden chunk is upcast, and the weight is upcast once per forward and once per
+backward (a transient 4·V·D bytes; backward also accumulates the weight gradient in fp32, another 4·V·D).
+
+Legend: T tokens, C tokens in one chunk, D hidden size, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def _chunk_logits(h_CD: Tensor, w32_VD: Tensor, temperature: float) -> Tensor:
+    return (h_CD.float() @ w32_VD.T) / temperature
+
+
+class ChunkedLogProb(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden_TD, weight_VD, target_T, temperature, chunk_size, compute_entropy):
+        T = hidden_TD.shape[0]
+        w32_VD = weight_VD.float()
+        logprob_T = torch.empty(T, dtype=torch.float32, device=hidden_TD.device)
+        lse_T = torch.empty_like(logprob_T)
+        entropy_T = torch.empty_like(logprob_T) if compute_entropy else logprob_T.new_empty(0)
+        for s in range(0, T, chunk_size):
+            e = min(s + chunk_size, T)
+            z_CV = _chunk_logits(hidden_TD[s:e], w32_VD, temperature)
+            lse_C = torch.logsumexp(z_CV, dim=-1)
+            lse_T[s:e] = lse_C
+            logprob_T[s:e] = z_CV.gather(1, target_T[s:e, None]).squeeze(1) - lse_C
+            if compute_entropy:
+                # H = lse - E_p[z]
+                entropy_T[s:e] = lse_C - ((z_CV - lse_C[:, None]).exp() * z_CV).sum(-1)
+        ctx.save_for_backward(hidden_TD, weight_VD, target_T, lse_T)
+        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        ctx.set_materialize_grads(False)
+        if not compute_entropy:
+            ctx.mark_non_differentiable(entropy_T)
+        return logprob_T, entropy_T
+
+    @staticmethod
+    def backward(ctx, grad_logprob_T, grad_entropy_T):
+        hidden_TD, weight_VD, target_T, lse_T = ctx.saved_tensors
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        if (grad_logprob_T is None and grad_entropy_T is None) or not (need_h or need_w):
+            return None, None, None, None, None, None
+        T, tau = hidden_TD.shape[0], ctx.temperature
+        w32_VD = weight_VD.float()
+        grad_h_TD = torch.empty(hidden_TD.shape, dtype=torch.float32, device=hidden_TD.device) if need_h else None
+        grad_w32_VD = torch.zeros_like(w32_VD) if need_w else None
+        for s in range(0, T, ctx.chunk_size):
+            e = min(s + ctx.chunk_size, T)
+            h32_CD = hidden_TD[s:e].float()
+            z_CV = (h32_CD @ w32_VD.T) / tau
+            logp_CV = z_CV - lse_T[s:e, None]
+            p_CV = logp_CV.exp()
+            # d logprob / dz = onehot(target) - p;  d entropy / dz_j = -p_j (log p_j + H)
+            dz_CV = torch.zeros_like(z_CV)
+            if grad_logprob_T is not None:
+                g_C1 = grad_logprob_T[s:e, None]
+                dz_CV -= g_C1 * p_CV
+                dz_CV.scatter_add_(1, target_T[s:e, None], g_C1)
+            if grad_entropy_T is not None:
+                entropy_C1 = -(p_CV * logp_CV).sum(-1, keepdim=True)
+                dz_CV -= grad_entropy_T[s:e, None] * p_CV * (logp_CV + entropy_C1)
+            dz_CV /= tau
+            if need_h:
+                grad_h_TD[s:e] = dz_CV @ w32_VD
+            if need_w:
+                grad_w32_VD += dz_CV.T @ h32_CD
+        grad_h = grad_h_TD.to(hidden_TD.dtype) if need_h else None
+        grad_w = grad_w32_VD.to(weight_VD.dtype) if need_w else None
+        return grad_h, grad_w, None, None, None, None
+
+
+def chunked_logprobs_and_entropy(
+    hidden_TD: Tensor,
+    lm_head_weight_VD: Tensor,
+    target_ids_T: Tensor,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    compute_entropy: bool = True,
+) -> tuple[Tensor, Tensor | None]:
+    """`log_softmax(hidden @ W.T / temperature)` at `target_ids`, and the entropy of that distribution, both fp32
+    `[T]` (entropy None when not computed). Differentiable w.r.t. hidden and weight, through both outputs.
+
+    Divide by the same temperature the rollout sampled with, or the log-probs are of a different policy."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 to score log-probs, got {temperature}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    logprob_T, entropy_T = ChunkedLogProb.apply(
+        hidden_TD, lm_head_weight_VD, target_ids_T.long(), float(temperature), chunk_size, compute_entropy
+    )
+    return logprob_T, entropy_T if compute_entropy else None
+
+
+def full_logprobs_and_entropy(
+    hidden_TD: Tensor, lm_head_weight_VD: Tensor, target_ids_T: Tensor, temperature: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """The plain computation `chunked_logprobs_and_entropy` must equal; materialises `[T, V]` fp32 logits."""
+    logp_TV = torch.log_softmax((hidden_TD.float() @ lm_head_weight_VD.float().T) / temperature, dim=-1)
+    return logp_TV.gather(1, target_ids_T.long()[:, None]).squeeze(1), -(logp_TV.exp() * logp_TV).sum(-1)
