@@ -65,9 +65,8 @@ def outcome_token_rewards(scores_B: Tensor, response_mask: Tensor) -> Tensor:
 
 def _group_stats(scores_B: Tensor, index: GroupIndex) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Per-sample group size, sum, mean and unbiased std (gathered back to `[B]`)."""
-    g_B = group_ids(index, device=scores_B.device)
+    g_B, num_groups = group_ids(index, device=scores_B.device)
     assert g_B.shape == scores_B.shape, f"index has {g_B.numel()} uids for {scores_B.numel()} samples"
-    num_groups = int(g_B.max()) + 1
     count_G = torch.bincount(g_B, minlength=num_groups).to(scores_B.dtype)
     sum_G = torch.zeros(num_groups, dtype=scores_B.dtype, device=scores_B.device).index_add_(0, g_B, scores_B)
     mean_G = sum_G / count_G

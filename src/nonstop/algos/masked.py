@@ -44,12 +44,13 @@ def masked_whiten(values: Tensor, mask: Tensor, shift_mean: bool = True) -> Tens
     return whitened if shift_mean else whitened + mean
 
 
-def group_ids(index: Sequence | np.ndarray | Tensor, device: torch.device | str | None = None) -> Tensor:
+def group_ids(index: Sequence | np.ndarray | Tensor, device: torch.device | str | None = None) -> tuple[Tensor, int]:
     """Map prompt uids (strings, ints, any hashable; verl passes `np.ndarray` of uid strings) to dense
-    group ids `0..G-1` in order of first appearance, as an int64 tensor `[B]`."""
+    group ids `0..G-1` in order of first appearance. Returns the int64 ids `[B]` and G, counted on the
+    host for uid lists so that sizing per-group buffers needs no device sync."""
     if isinstance(index, Tensor):
-        _, inverse = torch.unique(index, return_inverse=True)
-        return inverse.to(device=device, dtype=torch.long)
+        uniques, inverse = torch.unique(index, return_inverse=True)
+        return inverse.to(device=device, dtype=torch.long), uniques.numel()
     first_seen: dict = {}
     ids = [first_seen.setdefault(uid, len(first_seen)) for uid in np.asarray(index, dtype=object).tolist()]
-    return torch.tensor(ids, dtype=torch.long, device=device)
+    return torch.tensor(ids, dtype=torch.long, device=device), len(first_seen)

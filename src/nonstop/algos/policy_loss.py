@@ -5,9 +5,9 @@ Every loss has verl's signature:
     loss_fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
             rollout_is_weights=None, global_batch_info=None) -> (loss, metrics)
 
-`config` is the actor config (any object with `clip_ratio`, `clip_ratio_low`, `clip_ratio_high`,
-`clip_ratio_c`); `rollout_is_weights` `[B, L]` (see `rollout_correction.py`) multiply the per-token
-losses; `global_batch_info` is forwarded to `agg_loss`. Metrics use verl's keys (`actor/pg_clipfrac`,
+`config` is the actor config (any object with `clip_ratio_low`, `clip_ratio_high`, `clip_ratio_c`);
+`rollout_is_weights` `[B, L]` (see `rollout_correction.py`) multiply the per-token losses;
+`global_batch_info` is forwarded to `agg_loss`. Metrics use verl's keys (`actor/pg_clipfrac`,
 `actor/ppo_kl`, `actor/pg_clipfrac_lower`) but hold detached 0-dim tensors, not floats: calling
 `.item()` per micro-batch would stall the GPU on a host sync; the trainer reads them once per step.
 """
@@ -43,13 +43,6 @@ def get_policy_loss_fn(name: str) -> PolicyLossFn:
     return POLICY_LOSS_REGISTRY[name]
 
 
-def _clip_bounds(config: Any) -> tuple[float, float]:
-    """(clip_ratio_low, clip_ratio_high), each falling back to `clip_ratio` when unset."""
-    low = config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio
-    high = config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio
-    return low, high
-
-
 def _metrics(pg_clipfrac: Tensor, ppo_kl: Tensor, pg_clipfrac_lower: Tensor) -> dict[str, Tensor]:
     return {
         "actor/pg_clipfrac": pg_clipfrac.detach(),
@@ -75,7 +68,7 @@ def compute_policy_loss_vanilla(
     `pg_clipfrac`: fraction of valid tokens where the clipped term won; `pg_clipfrac_lower`: fraction
     where the dual clip bound won (A < 0 only); `ppo_kl`: mean of old − new log-prob.
     """
-    clip_low, clip_high = _clip_bounds(config)
+    clip_low, clip_high = config.clip_ratio_low, config.clip_ratio_high
     clip_ratio_c = config.clip_ratio_c
     assert clip_ratio_c > 1.0, f"clip_ratio_c must be > 1 for dual-clip PPO, got {clip_ratio_c}"
 
@@ -119,7 +112,7 @@ def compute_policy_loss_gspo(
     As in verl the loss is always aggregated `seq-mean-token-mean`, whatever `loss_agg_mode` says:
     GSPO's objective is a mean over sequences.
     """
-    clip_low, clip_high = _clip_bounds(config)
+    clip_low, clip_high = config.clip_ratio_low, config.clip_ratio_high
     log_ratio = log_prob - old_log_prob
     lengths_B = response_mask.sum(dim=-1).clamp(min=1)
     seq_log_ratio_B = (log_ratio * response_mask).sum(dim=-1) / lengths_B
@@ -154,7 +147,7 @@ def compute_policy_loss_cispo(
     · log π. Clipping the (stop-gradient) weight instead of the objective keeps a gradient on every
     token, including the clipped ones PPO would drop. `pg_clipfrac` counts tokens whose weight was
     clipped."""
-    clip_low, clip_high = _clip_bounds(config)
+    clip_low, clip_high = config.clip_ratio_low, config.clip_ratio_high
     log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
     ratio = torch.exp(log_ratio)
     ppo_kl = masked_mean(-log_ratio, response_mask)
