@@ -14,8 +14,10 @@ import heapq
 import itertools
 from collections.abc import Hashable, Sequence
 
-# A partial partition: k (sum, indices) pairs, heaviest first.
-_State = list[tuple[int, list[int]]]
+# A partial partition: k (sum, indices) pairs, heaviest first. Tuples, so the k - 1 empty parts every item starts
+# with can all be one shared object.
+_State = list[tuple[int, tuple[int, ...]]]
+_EMPTY = (0, ())
 
 
 def _sorted_state(parts: _State) -> _State:
@@ -47,14 +49,14 @@ def karmarkar_karp(costs: Sequence[int], k: int, equal_size: bool = False) -> li
 
     if equal_size:
         for start in range(0, n, k):
-            push(_sorted_state([(costs[i], [i]) for i in order[start : start + k]]))
+            push(_sorted_state([(costs[i], (i,)) for i in order[start : start + k]]))
     else:
         for i in order:
-            push([(costs[i], [i])] + [(0, []) for _ in range(k - 1)])
+            push([(costs[i], (i,))] + [_EMPTY] * (k - 1))
     while len(heap) > 1:
         a, b = heapq.heappop(heap)[3], heapq.heappop(heap)[3]
         push(_sorted_state([(sa + sb, ia + ib) for (sa, ia), (sb, ib) in zip(a, reversed(b), strict=True)]))
-    return [items for _, items in heap[0][3]]
+    return [list(items) for _, items in heap[0][3]]
 
 
 def greedy_partition(costs: Sequence[int], k: int, equal_size: bool = False) -> list[list[int]]:

@@ -17,8 +17,19 @@ import torch
 from torch import Tensor
 
 
-def _chunk_logits(h_CD: Tensor, w32_VD: Tensor, temperature: float) -> Tensor:
-    return (h_CD.float() @ w32_VD.T) / temperature
+def _chunk_log_softmax(h_CD: Tensor, w32_VD: Tensor, temperature: float, lse_C: Tensor | None = None):
+    """log_softmax of one chunk's logits, computed in place in the matmul's output buffer, and its log-sum-exp."""
+    logp_CV = h_CD.float() @ w32_VD.T
+    logp_CV.div_(temperature)
+    if lse_C is None:
+        lse_C = torch.logsumexp(logp_CV, dim=-1)
+    return logp_CV.sub_(lse_C[:, None]), lse_C
+
+
+def _entropy(p_CV: Tensor, logp_CV: Tensor) -> Tensor:
+    # -sum p log p, not lse - E_p[z]: the latter cancels catastrophically when one token dominates. A batched dot
+    # product, so no [C, V] product is materialised.
+    return -(p_CV.unsqueeze(1) @ logp_CV.unsqueeze(2)).view(-1)
 
 
 class ChunkedLogProb(torch.autograd.Function):
@@ -31,13 +42,10 @@ class ChunkedLogProb(torch.autograd.Function):
         entropy_T = torch.empty_like(logprob_T) if compute_entropy else logprob_T.new_empty(0)
         for s in range(0, T, chunk_size):
             e = min(s + chunk_size, T)
-            z_CV = _chunk_logits(hidden_TD[s:e], w32_VD, temperature)
-            lse_C = torch.logsumexp(z_CV, dim=-1)
-            lse_T[s:e] = lse_C
-            logprob_T[s:e] = z_CV.gather(1, target_T[s:e, None]).squeeze(1) - lse_C
+            logp_CV, lse_T[s:e] = _chunk_log_softmax(hidden_TD[s:e], w32_VD, temperature)
+            logprob_T[s:e] = logp_CV.gather(1, target_T[s:e, None]).squeeze(1)
             if compute_entropy:
-                # H = lse - E_p[z]
-                entropy_T[s:e] = lse_C - ((z_CV - lse_C[:, None]).exp() * z_CV).sum(-1)
+                entropy_T[s:e] = _entropy(logp_CV.exp(), logp_CV)
         ctx.save_for_backward(hidden_TD, weight_VD, target_T, lse_T)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
         ctx.set_materialize_grads(False)
@@ -58,23 +66,24 @@ class ChunkedLogProb(torch.autograd.Function):
         for s in range(0, T, ctx.chunk_size):
             e = min(s + ctx.chunk_size, T)
             h32_CD = hidden_TD[s:e].float()
-            z_CV = (h32_CD @ w32_VD.T) / tau
-            logp_CV = z_CV - lse_T[s:e, None]
+            logp_CV, _ = _chunk_log_softmax(h32_CD, w32_VD, tau, lse_T[s:e])
             p_CV = logp_CV.exp()
-            # d logprob / dz = onehot(target) - p;  d entropy / dz_j = -p_j (log p_j + H)
-            dz_CV = torch.zeros_like(z_CV)
+            # With z = logits / tau:  d logprob / dz = onehot(target) - p,  d entropy / dz_j = -p_j (log p_j + H).
+            # dz overwrites logp's buffer, so a chunk holds two [C, V] tensors.
+            if grad_entropy_T is not None:
+                entropy_C1 = _entropy(p_CV, logp_CV)[:, None]
+                dz_CV = logp_CV.add_(entropy_C1).mul_(p_CV).mul_(-grad_entropy_T[s:e, None])
+            else:
+                dz_CV = logp_CV.zero_()
             if grad_logprob_T is not None:
                 g_C1 = grad_logprob_T[s:e, None]
-                dz_CV -= g_C1 * p_CV
-                dz_CV.scatter_add_(1, target_T[s:e, None], g_C1)
-            if grad_entropy_T is not None:
-                entropy_C1 = -(p_CV * logp_CV).sum(-1, keepdim=True)
-                dz_CV -= grad_entropy_T[s:e, None] * p_CV * (logp_CV + entropy_C1)
-            dz_CV /= tau
+                dz_CV.addcmul_(p_CV, g_C1, value=-1).scatter_add_(1, target_T[s:e, None], g_C1)
+            del p_CV
+            dz_CV.div_(tau)
             if need_h:
                 grad_h_TD[s:e] = dz_CV @ w32_VD
             if need_w:
-                grad_w32_VD += dz_CV.T @ h32_CD
+                grad_w32_VD.addmm_(dz_CV.T, h32_CD)
         grad_h = grad_h_TD.to(hidden_TD.dtype) if need_h else None
         grad_w = grad_w32_VD.to(weight_VD.dtype) if need_w else None
         return grad_h, grad_w, None, None, None, None
