@@ -1,0 +1,345 @@
+"""`RewardPool`: rule rewards scored in worker processes while generation runs, with a per-sample timeout.
+
+    pool = RewardPool(load_custom_reward_fn("my_reward.py", "compute_score"), num_workers=4, timeout_s=10.0)
+    pool.submit(uid, data_source, response_text, ground_truth, extra_info)  # as each sequence finishes; returns now
+    results = pool.collect(uids)  # before advantages: {uid: RewardResult}, blocks only for what is still scoring
+    metrics = pool.pop_metrics()  # reward/errors, reward/timeouts, reward/critical_path_s, ...
+
+A sample whose function raises, returns something that is not a finite number, or runs past `timeout_s` scores
+0.0, is counted and logged once per distinct failure; a hung worker is killed and replaced, so the pool keeps its
+size. A `RewardSetupError` (unknown data_source, missing dependency) is raised from `collect` instead.
+
+Workers start with forkserver (or spawn) — never fork: the trainer process holds CUDA. The scoring function
+therefore travels by pickle: a module-level function, or a `CustomRewardFunction` that re-loads `path.py:name`;
+and, as with any multiprocessing pool, workers import the main script, which needs `if __name__ == "__main__":`.
+`num_workers=0` scores inline inside `submit` (tests, tiny runs): same error handling, but no timeout, since a
+function cannot be stopped without a process to kill.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing as mp
+import pickle
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from . import registry
+from .custom import load_custom_reward_fn
+from .errors import RewardSetupError
+from .registry import default_compute_score
+from .scoring import RewardResult, score_one, shorten
+from .worker import worker_main
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Task:
+    sample_id: Hashable
+    args: tuple[str, str, Any, dict | None]  # data_source, solution_str, ground_truth, extra_info
+
+
+@dataclass
+class _Worker:
+    process: Any
+    conn: Connection
+    ready: bool = False
+    task: _Task | None = None
+    deadline: float = math.inf
+
+
+@dataclass
+class _Window:
+    """What happened since the last `pop_metrics`."""
+
+    first_submit: float | None = None
+    last_submit: float | None = None
+    last_result: float | None = None
+    scored: int = 0
+    errors: int = 0
+    timeouts: int = 0
+    busy_s: float = 0.0
+    collect_wait_s: float = 0.0
+
+
+class RewardPool:
+    def __init__(
+        self,
+        compute_score: Callable[..., Any] = default_compute_score,
+        num_workers: int = 1,
+        timeout_s: float = 10.0,
+        start_method: str | None = None,
+    ):
+        if num_workers < 0:
+            raise ValueError(f"num_workers={num_workers}: must be >= 0 (0 scores inline)")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s={timeout_s}: must be > 0")
+        self.compute_score, self.num_workers, self.timeout_s = compute_score, num_workers, timeout_s
+        self._cond = threading.Condition()
+        self._pending: deque[_Task] = deque()
+        self._results: dict[Hashable, RewardResult] = {}
+        self._open_ids: set[Hashable] = set()  # submitted, not yet collected
+        self._logged: set[tuple] = set()
+        self._window = _Window()
+        self._fatal: str | None = None
+        self._closed = False
+        self._workers: list[_Worker] = []
+        if num_workers == 0:
+            return
+        try:
+            self._payload = pickle.dumps((compute_score, registry.scorers()))
+        except Exception as e:
+            raise TypeError(
+                f"compute_score {compute_score!r} (or a registered scorer) cannot be sent to reward worker processes "
+                f"({e}); use a module-level function or load_custom_reward_fn(path, name), or num_workers=0"
+            ) from e
+        methods = mp.get_all_start_methods()
+        self._ctx = mp.get_context(start_method or ("forkserver" if "forkserver" in methods else "spawn"))
+        self._workers = [self._start_worker() for _ in range(num_workers)]
+        self._wake_r, self._wake_w = self._ctx.Pipe(duplex=False)
+        self._thread = threading.Thread(target=self._run, name="nonstop-reward-pool", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_config(cls, reward_model, custom_reward_function) -> RewardPool:
+        """From `reward_model.*` (num_workers, timeout_s) and `custom_reward_function.*` (path, name)."""
+        path = custom_reward_function.path
+        fn = load_custom_reward_fn(path, custom_reward_function.name) if path else default_compute_score
+        return cls(fn, num_workers=reward_model.num_workers, timeout_s=reward_model.timeout_s)
+
+    # --- caller side -------------------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        sample_id: Hashable,
+        data_source: str,
+        solution_str: str,
+        ground_truth: Any,
+        extra_info: dict | None = None,
+    ) -> None:
+        task = _Task(sample_id, (data_source, solution_str, ground_truth, extra_info))
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("RewardPool.submit after close()")
+            if self._fatal is not None:
+                raise RewardSetupError(self._fatal)
+            if sample_id in self._open_ids:
+                raise ValueError(f"sample_id {sample_id!r} was already submitted and not yet collected")
+            self._open_ids.add(sample_id)
+            now = time.perf_counter()
+            if self._window.first_submit is None:
+                self._window.first_submit = now
+            self._window.last_submit = now
+            if self.num_workers > 0:
+                self._pending.append(task)
+                self._wake_w.send_bytes(b"")
+                return
+        try:
+            result = score_one(self.compute_score, *task.args)
+        except RewardSetupError:
+            with self._cond:
+                self._open_ids.discard(sample_id)
+            raise
+        with self._cond:
+            self._finish(task, result)
+
+    def collect(self, sample_ids: Iterable[Hashable]) -> dict[Hashable, RewardResult]:
+        """Block until every id is scored, then hand the results over (each id is collected once)."""
+        ids = list(sample_ids)
+        start = time.perf_counter()
+        with self._cond:
+            unknown = [i for i in ids if i not in self._open_ids]
+            if unknown:
+                raise KeyError(f"collect: never submitted, or already collected: {unknown[:5]}")
+            missing = deque(ids)  # checked from the front, so each wake-up costs O(newly finished), not O(len(ids))
+            while True:
+                while missing and missing[0] in self._results:
+                    missing.popleft()
+                if not missing or self._fatal is not None:
+                    break
+                self._cond.wait()
+            if self._fatal is not None:
+                raise RewardSetupError(self._fatal)
+            self._window.collect_wait_s += time.perf_counter() - start
+            self._open_ids.difference_update(ids)
+            return {i: self._results.pop(i) for i in ids}
+
+    def pop_metrics(self) -> dict[str, float]:
+        """Metrics since the previous call. `reward/critical_path_s` (last submit to last result) is the part of
+        scoring that generation did not hide; `reward/overlap_s` is the part it did."""
+        with self._cond:
+            w, self._window = self._window, _Window()
+        wall = w.last_result - w.first_submit if w.last_result is not None and w.first_submit is not None else 0.0
+        critical = max(0.0, w.last_result - w.last_submit) if w.last_result is not None else 0.0
+        return {
+            "reward/num_scored": float(w.scored),
+            "reward/errors": float(w.errors),
+            "reward/timeouts": float(w.timeouts),
+            "reward/busy_s": w.busy_s,
+            "reward/wall_s": wall,
+            "reward/critical_path_s": critical,
+            "reward/overlap_s": max(0.0, wall - critical),
+            "reward/collect_wait_s": w.collect_wait_s,
+        }
+
+    def close(self) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            if self.num_workers > 0:
+                self._wake_w.send_bytes(b"")
+        if self.num_workers == 0:
+            return
+        self._thread.join()
+        for w in self._workers:
+            try:
+                w.conn.send(None)
+            except OSError:
+                pass
+        for w in self._workers:
+            w.process.join(timeout=1.0)
+            if w.process.is_alive():
+                w.process.kill()
+                w.process.join()
+            w.conn.close()
+
+    def __enter__(self) -> RewardPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- dispatcher thread: hands tasks to idle workers, reads results, enforces deadlines ---------------------
+
+    def _start_worker(self) -> _Worker:
+        parent_conn, child_conn = self._ctx.Pipe()
+        process = self._ctx.Process(target=worker_main, args=(child_conn, self._payload), daemon=True)
+        process.start()
+        child_conn.close()
+        return _Worker(process, parent_conn)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    if self._closed or self._fatal is not None:
+                        return  # after a fatal error nothing more can be scored: collect() raises it
+                    self._dispatch()
+                    watched = [w.conn for w in self._workers if w.task is not None or not w.ready]
+                    deadline = min((w.deadline for w in self._workers), default=math.inf)
+                timeout = None if deadline == math.inf else max(0.0, deadline - time.perf_counter())
+                ready = wait([*watched, self._wake_r], timeout)
+                with self._cond:
+                    if self._wake_r in ready:
+                        while self._wake_r.poll():
+                            self._wake_r.recv_bytes()
+                    for w in list(self._workers):
+                        if w.conn in ready:
+                            self._receive(w)
+                    self._expire(time.perf_counter())
+        except BaseException:
+            with self._cond:
+                self._fatal = "reward pool dispatcher crashed:\n" + traceback.format_exc()
+                self._cond.notify_all()
+            raise
+
+    def _dispatch(self) -> None:
+        for w in self._workers:
+            if not self._pending:
+                return
+            if w.ready and w.task is None:
+                w.task = self._pending.popleft()
+                # The clock starts when the worker gets the sample: queueing behind others is not its fault.
+                w.deadline = time.perf_counter() + self.timeout_s
+                try:
+                    w.conn.send(w.task.args)
+                except OSError:
+                    pass  # the worker died; wait() sees its pipe close and _receive scores the task as an error
+
+    def _receive(self, w: _Worker) -> None:
+        try:
+            kind, payload = w.conn.recv()
+        except (EOFError, OSError):
+            w.process.join(timeout=1.0)
+            if not w.ready:
+                code = w.process.exitcode
+                self._fatal = self._fatal or (
+                    f"a reward worker exited while starting (exit code {code}; its traceback is on stderr). Workers "
+                    "import the main script, as with any multiprocessing pool: guard it with if __name__ == '__main__'"
+                )
+                self._cond.notify_all()
+            elif w.task is not None:
+                message = f"the reward worker process died while scoring (exit code {w.process.exitcode})"
+                self._finish(w.task, RewardResult(0.0, status="error", message=message, where="worker died"))
+            self._replace(w)
+            return
+        if kind == "ready":
+            w.ready = True
+        elif kind == "init_failed":
+            self._fatal = "a reward worker could not load the scoring function:\n" + payload
+            self._cond.notify_all()
+        elif kind == "fatal":
+            self._fatal = payload
+            self._cond.notify_all()
+        else:
+            self._finish(w.task, payload)
+            w.task, w.deadline = None, math.inf
+
+    def _expire(self, now: float) -> None:
+        for w in list(self._workers):
+            if w.task is not None and now >= w.deadline:
+                message = f"scoring took longer than reward_model.timeout_s={self.timeout_s:g}; worker restarted"
+                result = RewardResult(0.0, status="timeout", message=message, elapsed_s=self.timeout_s)
+                self._finish(w.task, result)
+                w.process.kill()
+                w.process.join()
+                self._replace(w)
+
+    def _replace(self, w: _Worker) -> None:
+        w.conn.close()
+        if w.process.is_alive():
+            w.process.kill()
+            w.process.join()
+        self._workers[self._workers.index(w)] = self._start_worker()
+
+    # --- bookkeeping (under self._cond) ------------------------------------------------------------------------
+
+    def _finish(self, task: _Task, result: RewardResult) -> None:
+        win = self._window
+        win.scored += 1
+        win.busy_s += result.elapsed_s
+        win.errors += result.status == "error"
+        win.timeouts += result.status == "timeout"
+        win.last_result = time.perf_counter()
+        if result.status != "ok":
+            self._log_failure(task, result)
+        self._results[task.sample_id] = result
+        self._cond.notify_all()
+
+    def _log_failure(self, task: _Task, result: RewardResult) -> None:
+        data_source, solution_str, ground_truth, _ = task.args
+        key = (result.status, data_source, result.where)
+        if key in self._logged:
+            return
+        self._logged.add(key)
+        counter = "reward/timeouts" if result.status == "timeout" else "reward/errors"
+        logger.warning(
+            "reward %s on sample %r (data_source=%r, ground_truth=%s), scored 0.0; response: %r\n%s\n"
+            "Further failures like this are counted in %s, not logged.",
+            result.status,
+            task.sample_id,
+            data_source,
+            shorten(repr(ground_truth)),
+            shorten(solution_str),
+            result.message,
+            counter,
+        )

@@ -1,0 +1,157 @@
+import logging
+import math
+import time
+
+import pytest
+
+from nonstop.rewards import RewardPool, RewardSetupError, default_compute_score, load_custom_reward_fn
+
+# A user reward file: what `custom_reward_function.path` points at. Behaviour is chosen by the response text.
+USER_REWARD = """
+import os
+import time
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    if solution_str == "raise":
+        raise ValueError("cannot parse " + solution_str)
+    if solution_str == "hang":
+        time.sleep(60)
+    if solution_str == "die":
+        os._exit(3)
+    if solution_str == "nan":
+        return float("nan")
+    if solution_str == "text":
+        return "1.0"
+    if extra_info and "delay" in extra_info:
+        time.sleep(extra_info["delay"])
+        return {"score": 1.0, "finished_at": time.time(), "id": extra_info["id"]}
+    return float(solution_str == ground_truth)
+"""
+
+
+@pytest.fixture
+def user_fn(tmp_path):
+    path = tmp_path / "user_reward.py"
+    path.write_text(USER_REWARD)
+    return load_custom_reward_fn(str(path), "compute_score")
+
+
+@pytest.fixture
+def failures(caplog):
+    caplog.set_level(logging.WARNING, logger="nonstop.rewards.pool")
+    return caplog
+
+
+def test_raising_and_hanging_functions_do_not_stop_the_batch(user_fn, failures):
+    with RewardPool(user_fn, num_workers=2, timeout_s=1.0) as pool:
+        responses = ["7", "raise", "hang", "8", "raise", "7"]
+        for i, response in enumerate(responses):
+            pool.submit(i, "user/task", response, "7")
+        results = pool.collect(range(len(responses)))
+        assert [results[i].score for i in range(6)] == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+        assert [results[i].status for i in range(6)] == ["ok", "error", "timeout", "ok", "error", "ok"]
+        assert "ValueError: cannot parse raise" in results[1].message
+        metrics = pool.pop_metrics()
+        assert metrics["reward/errors"] == 2 and metrics["reward/timeouts"] == 1 and metrics["reward/num_scored"] == 6
+
+        # The hung worker was killed and replaced: the pool still has two workers and keeps scoring.
+        for i in range(10, 20):
+            pool.submit(i, "user/task", "7", "7")
+        assert all(r.score == 1.0 for r in pool.collect(range(10, 20)).values())
+        assert len(pool._workers) == 2 and all(w.process.is_alive() for w in pool._workers)
+
+    # One log line per distinct failure, with the sample; the second identical error is only counted.
+    records = [r.getMessage() for r in failures.records]
+    assert len(records) == 2
+    error_log, timeout_log = sorted(records, key=lambda m: "timeout" in m)
+    assert "sample 1" in error_log and "'raise'" in error_log and "ValueError: cannot parse raise" in error_log
+    assert "sample 2" in timeout_log and "'hang'" in timeout_log and "timeout_s=1" in timeout_log
+
+
+def test_bad_return_values_and_a_dying_worker_are_errors(user_fn, failures):
+    with RewardPool(user_fn, num_workers=1, timeout_s=5.0) as pool:
+        for i, response in enumerate(["nan", "text", "die", "7"]):
+            pool.submit(i, "user/task", response, "7")
+        results = pool.collect(range(4))
+    assert [r.status for r in results.values()] == ["error", "error", "error", "ok"]
+    assert "non-finite score nan" in results[0].message
+    assert "'1.0' of type str" in results[1].message
+    assert "exit code 3" in results[2].message
+    assert results[3].score == 1.0
+
+
+def test_results_are_keyed_by_id_whatever_the_completion_order(user_fn):
+    delays = {"a": 0.6, "b": 0.4, "c": 0.2, "d": 0.0}  # submitted first, finishes last
+    with RewardPool(user_fn, num_workers=4, timeout_s=5.0) as pool:
+        for sample_id, delay in delays.items():
+            pool.submit(sample_id, "user/task", "x", "x", {"delay": delay, "id": sample_id})
+        results = pool.collect(["d", "a", "c", "b"])
+    assert {k: r.extra["id"] for k, r in results.items()} == {k: k for k in delays}
+    finished = sorted(delays, key=lambda k: results[k].extra["finished_at"])
+    assert finished != list(delays) and finished[-1] == "a"
+
+
+def test_default_scorer_in_workers_and_setup_errors_stop_the_run():
+    with RewardPool(default_compute_score, num_workers=1, timeout_s=5.0) as pool:
+        pool.submit(0, "openai/gsm8k", "3 + 4 = 7\n#### 7", "7")
+        assert pool.collect([0])[0].score == 1.0
+        pool.submit(1, "my/unknown", "#### 7", "7")
+        with pytest.raises(RewardSetupError, match="'my/unknown'"):
+            pool.collect([1])
+
+
+def test_metrics_measure_what_generation_did_not_hide(user_fn):
+    with RewardPool(user_fn, num_workers=1, timeout_s=5.0) as pool:
+        pool.submit(0, "user/task", "x", "x", {"delay": 0.3, "id": 0})
+        time.sleep(0.5)  # "generation" goes on while sample 0 scores
+        pool.submit(1, "user/task", "7", "7")
+        pool.collect([0, 1])
+        metrics = pool.pop_metrics()
+    assert metrics["reward/critical_path_s"] < metrics["reward/wall_s"]
+    assert metrics["reward/overlap_s"] > 0.0
+    assert math.isclose(metrics["reward/wall_s"], metrics["reward/critical_path_s"] + metrics["reward/overlap_s"])
+    assert metrics["reward/busy_s"] >= 0.3
+
+
+def test_inline_mode_handles_errors_the_same_way(user_fn, failures):
+    pool = RewardPool(user_fn, num_workers=0)
+    for i, response in enumerate(["7", "raise", "nan"]):
+        pool.submit(i, "user/task", response, "7")
+    results = pool.collect([2, 0, 1])
+    assert [results[i].status for i in range(3)] == ["ok", "error", "error"]
+    assert pool.pop_metrics()["reward/errors"] == 2
+    assert len(failures.records) == 2
+    with pytest.raises(RewardSetupError, match="'my/unknown'"):
+        RewardPool(default_compute_score, num_workers=0).submit(0, "my/unknown", "", "")
+
+
+def test_dict_results_keep_extra_keys_inline():
+    pool = RewardPool(lambda **kw: {"score": 0.5, "acc": True}, num_workers=0)
+    pool.submit("s", "user/task", "", "")
+    assert pool.collect(["s"])["s"].extra == {"acc": True}
+
+
+def test_misuse_is_reported():
+    pool = RewardPool(default_compute_score, num_workers=0)
+    pool.submit(0, "openai/gsm8k", "#### 1", "1")
+    with pytest.raises(ValueError, match="already submitted"):
+        pool.submit(0, "openai/gsm8k", "#### 1", "1")
+    with pytest.raises(KeyError, match="never submitted"):
+        pool.collect([0, 1])
+    with pytest.raises(TypeError, match="load_custom_reward_fn"):
+        RewardPool(lambda **kw: 1.0, num_workers=1)
+
+
+def test_from_config(tmp_path):
+    from nonstop.config.reward import CustomRewardFunctionConfig, RewardModelConfig
+
+    path = tmp_path / "r.py"
+    path.write_text("def score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.75\n")
+    custom = CustomRewardFunctionConfig(path=str(path), name="score")
+    with RewardPool.from_config(RewardModelConfig(num_workers=1, timeout_s=2.0), custom) as pool:
+        assert (pool.num_workers, pool.timeout_s) == (1, 2.0)
+        pool.submit(0, "user/task", "", "")
+        assert pool.collect([0])[0].score == 0.75
+    with RewardPool.from_config(RewardModelConfig(), CustomRewardFunctionConfig()) as pool:
+        assert pool.compute_score is default_compute_score
