@@ -4,13 +4,11 @@ Legend: N sequences, H query heads, K kv heads, E head dim, P physical blocks, B
 """
 
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
+from interpreter import run_under_interpreter
 
 from nonstop.kernels import paged_decode_attention, paged_decode_attention_reference
 
@@ -205,19 +203,7 @@ INTERPRETER_CASES = [
 
 def check_kernel_under_interpreter() -> None:
     """Run in a child process started with TRITON_INTERPRET=1, which must be set before triton is first imported."""
-    import triton.runtime.interpreter as interpreter
-
     from nonstop.kernels.paged_decode_triton import paged_decode_attention_triton
-
-    # triton 3.6's interpreter calls int() on 1-element arrays, which numpy >= 2.4 refuses (triton#9171, fixed
-    # upstream by squeezing first); loop bounds read from memory hit it.
-    patch_tensor = interpreter._patch_lang_tensor
-
-    def patch_tensor_squeezing_index(tensor, scope) -> None:
-        patch_tensor(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
-
-    interpreter._patch_lang_tensor = patch_tensor_squeezing_index
 
     for num_splits, group, head_dim, block_size in INTERPRETER_CASES:
         gen = torch.Generator().manual_seed(num_splits * 100 + group)
@@ -234,13 +220,4 @@ def check_kernel_under_interpreter() -> None:
 
 
 def test_triton_interpreter_matches_reference():
-    pytest.importorskip("triton")
-    here = os.path.dirname(__file__)
-    env = {
-        **os.environ,
-        "TRITON_INTERPRET": "1",
-        "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]),
-    }
-    code = "import test_paged_decode; test_paged_decode.check_kernel_under_interpreter()"
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
+    run_under_interpreter("test_paged_decode", "check_kernel_under_interpreter")

@@ -6,12 +6,9 @@ tests/rollout/test_sampler.py; here the kernel only has to reproduce its draws b
 Legend: N rows, V vocabulary.
 """
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
+from interpreter import run_under_interpreter
 
 from nonstop.rollout.sampler import SamplingTensors, counter_row_key, sample, sample_reference
 
@@ -77,19 +74,7 @@ INTERPRETER_CASES = [
 
 def check_kernel_under_interpreter() -> None:
     """Run in a child process started with TRITON_INTERPRET=1, which must be set before triton is first imported."""
-    import triton.runtime.interpreter as interpreter
-
     from nonstop.kernels.sampling_triton import sample_triton
-
-    # triton 3.6's interpreter calls int() on 1-element arrays, which numpy >= 2.4 refuses (triton#9171, fixed
-    # upstream by squeezing first); loop bounds computed from program ids hit it.
-    patch_tensor = interpreter._patch_lang_tensor
-
-    def patch_tensor_squeezing_index(tensor, scope) -> None:
-        patch_tensor(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
-
-    interpreter._patch_lang_tensor = patch_tensor_squeezing_index
 
     for i, (N, V, block, num_splits, dtype, stop_mask, all_greedy) in enumerate(INTERPRETER_CASES):
         # fp32 and fp16 only: the interpreter's bf16 goes through numpy, which has no bf16; the GPU tests cover it.
@@ -104,16 +89,7 @@ def check_kernel_under_interpreter() -> None:
 
 
 def test_triton_interpreter_matches_reference():
-    pytest.importorskip("triton")
-    here = os.path.dirname(__file__)
-    env = {
-        **os.environ,
-        "TRITON_INTERPRET": "1",
-        "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]),
-    }
-    code = "import test_sampling_triton; test_sampling_triton.check_kernel_under_interpreter()"
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
+    run_under_interpreter("test_sampling_triton", "check_kernel_under_interpreter")
 
 
 QWEN_VOCAB = 151_936

@@ -1,5 +1,7 @@
 """Rotary position embeddings as the supported families compute them (rotate-half layout, fp32 angles).
 
+This module computes the angles; `nonstop.kernels.rotary.apply_rotary_qk` rotates q and k by them.
+
 Legend: T tokens, E head dim, F = E / 2 frequencies.
 """
 
@@ -55,9 +57,3 @@ class RotaryEmbedding(nn.Module):
         angles_TF = positions_T.float()[:, None] * self.inv_freq_F[None, :]
         angles_TE = torch.cat((angles_TF, angles_TF), dim=-1)
         return angles_TE.cos().to(dtype), angles_TE.sin().to(dtype)
-
-
-def apply_rotary(x_THE: Tensor, cos_TE: Tensor, sin_TE: Tensor) -> Tensor:
-    half = x_THE.shape[-1] // 2
-    rotated = torch.cat((-x_THE[..., half:], x_THE[..., :half]), dim=-1)
-    return x_THE * cos_TE[:, None, :] + rotated * sin_TE[:, None, :]

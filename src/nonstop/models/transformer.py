@@ -12,13 +12,15 @@ V vocabulary.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from nonstop.kernels.rms_norm import rms_norm
+from nonstop.kernels.rotary import apply_rotary_qk
+from nonstop.kernels.silu_mul import silu_and_mul
 from nonstop.models.attention import AttentionBackend
 from nonstop.models.config import ModelConfig
-from nonstop.models.rope import RotaryEmbedding, apply_rotary
+from nonstop.models.rope import RotaryEmbedding
 
 
 class RMSNorm(nn.Module):
@@ -28,10 +30,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        # Normalise in fp32, scale in the input dtype: the order transformers uses, so bf16 results match.
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class SelfAttention(nn.Module):
@@ -59,7 +58,7 @@ class SelfAttention(nn.Module):
         v_TKE = self.v_proj(x_TD).view(T, self.num_kv_heads, self.head_dim)
         if hasattr(self, "q_norm"):
             q_THE, k_TKE = self.q_norm(q_THE), self.k_norm(k_TKE)
-        q_THE, k_TKE = apply_rotary(q_THE, cos_TE, sin_TE), apply_rotary(k_TKE, cos_TE, sin_TE)
+        q_THE, k_TKE = apply_rotary_qk(q_THE, k_TKE, cos_TE, sin_TE)
         o_THE = attention(self.layer_idx, q_THE, k_TKE, v_TKE)
         return self.o_proj(o_THE.reshape(T, self.num_heads * self.head_dim))
 
@@ -72,7 +71,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x_TD: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x_TD)) * self.up_proj(x_TD))
+        return self.down_proj(silu_and_mul(self.gate_proj(x_TD), self.up_proj(x_TD)))
 
 
 class DecoderLayer(nn.Module):

@@ -1,0 +1,32 @@
+"""When the model's fused Triton kernels (RMSNorm, SiLU-and-mul, rotary) replace their plain PyTorch references.
+
+Only for inference on CUDA: the kernels have no backward, so anything under autograd (training, gradient
+checkpointing) keeps the plain ops, and CPU runs the references. The decision reads only the tensor's device and
+dtype and the grad mode, never its values, so it is fixed at CUDA-graph capture like every other launch choice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor
+
+_FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_enabled = True
+
+
+def use_fused_kernel(x: Tensor) -> bool:
+    return _enabled and x.is_cuda and x.dtype in _FUSED_DTYPES and not torch.is_grad_enabled()
+
+
+@contextmanager
+def fused_kernels(enabled: bool) -> Iterator[None]:
+    """`with fused_kernels(False):` runs the references on CUDA too, to compare a forward against the plain path."""
+    global _enabled
+    previous, _enabled = _enabled, enabled
+    try:
+        yield
+    finally:
+        _enabled = previous
