@@ -118,11 +118,17 @@ def test_causal_lm_forward_with_fused_kernels_matches_plain_forward(
         assert kernel_calls == expected, "fused_kernels(False) must run the references"
         fused_logits, plain_logits = model.compute_logits(fused_TD), model.compute_logits(plain_TD)
 
-    # bf16: rotary and SiLU-and-mul are bit-identical and RMSNorm differs in about 1e-4 of elements by 1-2 ulps; the
-    # bound is what bf16 rounding allows, not what two bf16 implementations with different attention differ by (2e-2).
-    tol = 1e-2 if dtype == torch.bfloat16 else 1e-4
-    assert relative_error(fused_TD, plain_TD) <= tol
-    assert relative_error(fused_logits, plain_logits) <= tol
+    if dtype == torch.float32:
+        assert relative_error(fused_TD, plain_TD) <= 1e-4
+        assert relative_error(fused_logits, plain_logits) <= 1e-4
+        return
+    # bf16: one RMSNorm element in ~1e4 moves by 1-2 ulps, and 24+ random layers amplify any such change to ~1e-2
+    # (transformers' own eager and sdpa bf16 paths differ by 2e-2 here). So the contract is against fp32 truth: the
+    # fused forward is no further from it than the plain bf16 forward.
+    with torch.inference_mode():
+        truth_TD = model.float()(input_ids_T, positions_T, attention)
+    fused_err, plain_err = relative_error(fused_TD, truth_TD), relative_error(plain_TD, truth_TD)
+    assert fused_err <= 1.1 * plain_err, f"fused bf16 error {fused_err:.2e} vs plain bf16 {plain_err:.2e}"
 
 
 @pytest.mark.gpu
