@@ -1,12 +1,15 @@
-"""`nonstop/arith`: the built-in task, short arithmetic generated from a seed, and its scorer.
+"""`nonstop/arith`: the built-in task (what `nonstop train` trains on without data files) and its scorer.
 
-It is what `nonstop train` trains on without data files: SmolLM2-135M-Instruct gets a fraction of these right out of
-the box (see `docs`/the report: greedy and sampled rewards at the default difficulty), so GRPO groups hold both
-right and wrong answers and the reward can rise within minutes on a CPU.
+A problem is `a + b` or `a - b` (a >= b, so no answer is negative) with operands in [0, max_operand]; the prompt is
+"Calculate 7 + 3. Reply with only the final number." Every such problem exists once: all of them are shuffled by a
+seed and a fifth held out as the test split, so validation measures problems never trained on. At the default
+max_operand=9 that is 155 problems, 124 train and 31 test.
 
-A problem is `a + b` or `a - b` with `a, b` drawn uniformly from [0, max_operand]; subtraction puts the larger
-number first, so no answer is negative. Every problem is a pure function of (seed, split, index): the same seed
-always gives the same data set, and train and val never share a problem's draw stream.
+The difficulty is tuned so GRPO has signal from the first step. SmolLM2-135M-Instruct on CPU
+(`python -m nonstop.data.arith_baseline`, 64 train prompts, 32 new tokens): greedy 0.69; sampled at temperature 1,
+4 per prompt, mean reward 0.29 with 49 of 64 groups holding both right and wrong answers (0.32 and 53/64 at 64
+tokens). With operands up to 20 the sampled reward drops to 0.13 and most groups are all wrong. The gap between
+greedy and sampled is what training closes first: the right answer is the mode, the mass around it is spread thin.
 """
 
 from __future__ import annotations
@@ -17,51 +20,56 @@ import re
 from nonstop.data.rows import PromptRow
 
 DATA_SOURCE = "nonstop/arith"
-INSTRUCTION = "Answer with just the number."
-DEFAULT_MAX_OPERAND = 20
-DEFAULT_TRAIN_SIZE = 4096
-DEFAULT_VAL_SIZE = 256
-# Disjoint streams for the two splits: the split is mixed into the per-problem seed.
-SPLIT_SALT = {"train": 0, "test": 1}
+PROMPT = "Calculate {question}. Reply with only the final number."
+DEFAULT_MAX_OPERAND = 9
+TEST_FRACTION = 0.2  # of all problems, held out as the test split
 
 FORMAT_SCORE = 0.1
 _INTEGER = re.compile(r"-?\d+")
 
 
-def arith_problem(seed: int, split: str, index: int, max_operand: int = DEFAULT_MAX_OPERAND) -> tuple[str, int]:
-    """The question text and its answer for problem `index` of `split`."""
-    rng = random.Random(f"{seed}/{SPLIT_SALT[split]}/{index}")
-    a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
-    if rng.random() < 0.5:
-        return f"What is {a} + {b}?", a + b
-    a, b = max(a, b), min(a, b)
-    return f"What is {a} - {b}?", a - b
+def all_problems(max_operand: int) -> list[tuple[str, int]]:
+    """Every problem of the task: `a + b` for all a, b in [0, max_operand], and `a - b` for a >= b (no negative
+    answers), as (expression, value)."""
+    sums = [(f"{a} + {b}", a + b) for a in range(max_operand + 1) for b in range(max_operand + 1)]
+    differences = [(f"{a} - {b}", a - b) for a in range(max_operand + 1) for b in range(a + 1)]
+    return sums + differences
 
 
 def arith_rows(
-    split: str, size: int, seed: int = 0, max_operand: int = DEFAULT_MAX_OPERAND
+    split: str, size: int | None = None, seed: int = 0, max_operand: int = DEFAULT_MAX_OPERAND
 ) -> list[PromptRow]:
-    """`size` problems of `split` ("train" or "test") as verl-format rows."""
-    if split not in SPLIT_SALT:
-        raise ValueError(f"arith split must be one of {tuple(SPLIT_SALT)}, got {split!r}")
-    if size < 1:
-        raise ValueError(f"arith size must be >= 1, got {size}")
+    """The problems of `split` as verl-format rows, the first `size` of them (None = all).
+
+    All problems are shuffled by `seed`; the first `TEST_FRACTION` of the shuffle are the test split, the rest the
+    train split, so validation measures problems never trained on. The same (seed, max_operand) always gives the
+    same rows, and a smaller `size` gives a prefix of a larger one."""
+    if split not in ("train", "test"):
+        raise ValueError(f"arith split must be 'train' or 'test', got {split!r}")
     if max_operand < 1:
         raise ValueError(f"arith max_operand must be >= 1, got {max_operand}")
-    rows = []
-    for index in range(size):
-        question, answer = arith_problem(seed, split, index, max_operand)
-        rows.append(
-            PromptRow(
-                data_source=DATA_SOURCE,
-                prompt=[{"role": "user", "content": f"{question} {INSTRUCTION}"}],
-                ground_truth=str(answer),
-                ability="arithmetic",
-                extra_info={"split": split, "index": index, "question": question, "seed": seed},
-                uid=f"{DATA_SOURCE}/{split}/{index}",
+    problems = all_problems(max_operand)
+    random.Random(seed).shuffle(problems)
+    num_test = max(1, round(TEST_FRACTION * len(problems)))
+    chosen = problems[:num_test] if split == "test" else problems[num_test:]
+    if size is not None:
+        if not 1 <= size <= len(chosen):
+            raise ValueError(
+                f"arith {split} split has {len(chosen)} problems at max_operand={max_operand}; size must be in "
+                f"[1, {len(chosen)}], got {size}"
             )
+        chosen = chosen[:size]
+    return [
+        PromptRow(
+            data_source=DATA_SOURCE,
+            prompt=[{"role": "user", "content": PROMPT.format(question=question)}],
+            ground_truth=str(answer),
+            ability="arithmetic",
+            extra_info={"split": split, "index": index, "question": question},
+            uid=f"{DATA_SOURCE}/{split}/{index}",
         )
-    return rows
+        for index, (question, answer) in enumerate(chosen)
+    ]
 
 
 def score_arith(solution_str: str, ground_truth: str | int) -> float:

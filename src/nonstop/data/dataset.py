@@ -49,7 +49,8 @@ def tokenize_chats(tokenizer, conversations: list[list[dict]], chat_template_kwa
 class PromptDataset:
     """`rows` tokenized. With `filter_overlong_prompts`, prompts over `max_prompt_length` tokens are dropped and
     counted in `num_filtered`; otherwise they are cut per `truncation` (left | right | middle, counted in
-    `num_truncated`) or, with `truncation="error"`, refused with the row's file and position."""
+    `num_truncated`) or, with `truncation="error"`, refused naming the row's uid (file and position). Rows without
+    a uid get `row/<position>`; uids must be distinct."""
 
     rows: list[PromptRow]
     tokenizer: Any
@@ -63,6 +64,11 @@ class PromptDataset:
             raise ValueError(f"truncation must be one of {TRUNCATIONS}, got {self.truncation!r}")
         if self.max_prompt_length < 1:
             raise ValueError(f"max_prompt_length must be >= 1, got {self.max_prompt_length}")
+        for position, row in enumerate(self.rows):
+            row.uid = row.uid or f"row/{position}"
+        if len({row.uid for row in self.rows}) != len(self.rows):
+            # GRPO groups responses by uid: two prompts sharing one would be normalized as one group.
+            raise ValueError("prompt rows must have distinct uids")
         self.items: list[TokenizedPrompt] = []
         self.num_filtered = 0
         self.num_truncated = 0
@@ -74,7 +80,7 @@ class PromptDataset:
                 self.num_filtered += 1
             elif self.truncation == "error":
                 raise ValueError(
-                    f"prompt {row.uid or row.index} is {len(ids)} tokens, over data.max_prompt_length="
+                    f"prompt {row.uid} is {len(ids)} tokens, over data.max_prompt_length="
                     f"{self.max_prompt_length}; set data.filter_overlong_prompts=true to drop such prompts or "
                     "data.truncation=left|right|middle to cut them"
                 )

@@ -22,8 +22,9 @@ def extract_solution(answer: str) -> str | None:
     return match.group(1).replace(",", "") if match else None
 
 
-def is_gsm8k_record(raw: Any) -> bool:
-    return isinstance(raw, Mapping) and "question" in raw and "answer" in raw and "prompt" not in raw
+def is_gsm8k_record(raw: Any, prompt_key: str = "prompt") -> bool:
+    """A `{question, answer}` record rather than a verl row (which holds its prompt under `prompt_key`)."""
+    return isinstance(raw, Mapping) and "question" in raw and "answer" in raw and prompt_key not in raw
 
 
 def gsm8k_row(raw: Any, where: str, split: str, index: int) -> PromptRow:

@@ -34,28 +34,36 @@ def read_parquet(path: Path, prompt_key: str = "prompt") -> list[PromptRow]:
         raise ValueError(f"{path}: cannot read as parquet ({e})") from None
     split = split_of(path)
     return [
-        row_from_dict(raw, f"{path} row {i}", prompt_key, split=split, index=i) for i, raw in enumerate(table.to_pylist())
+        row_from_dict(raw, f"{path} row {i}", prompt_key, split=split, index=i)
+        for i, raw in enumerate(table.to_pylist())
     ]
 
 
 def read_jsonl(path: Path, prompt_key: str = "prompt") -> list[PromptRow]:
-    split = split_of(path)
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    """One JSON object per line (blank lines skipped); a `.json` file may instead hold one array of objects."""
+    text = Path(path).read_text(encoding="utf-8")
+    if path.suffix == ".json" and text.lstrip().startswith("["):
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise RowError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        located = [(f"{path} row {i}", raw) for i, raw in enumerate(records)]
+    else:
+        located = []
+        for lineno, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
-            where = f"{path} line {lineno}"
             try:
-                raw = json.loads(line)
+                located.append((f"{path} line {lineno}", json.loads(line)))
             except json.JSONDecodeError as e:
-                raise RowError(f"{where}: not valid JSON ({e.msg})") from None
-            index = len(rows)
-            if prompt_key not in (raw if isinstance(raw, dict) else {}) and is_gsm8k_record(raw):
-                rows.append(gsm8k_row(raw, where, split, index))
-            else:
-                rows.append(row_from_dict(raw, where, prompt_key, split=split, index=index))
-    return rows
+                raise RowError(f"{path} line {lineno}: not valid JSON ({e.msg})") from None
+    split = split_of(path)
+    return [
+        gsm8k_row(raw, where, split, index)
+        if is_gsm8k_record(raw, prompt_key)
+        else row_from_dict(raw, where, prompt_key, split=split, index=index)
+        for index, (where, raw) in enumerate(located)
+    ]
 
 
 def read_hub(name: str, split: str = "train", prompt_key: str = "prompt") -> list[PromptRow]:
@@ -77,7 +85,7 @@ def read_hub(name: str, split: str = "train", prompt_key: str = "prompt") -> lis
         where = f"{name} [{split}] row {i}"
         rows.append(
             gsm8k_row(raw, where, split, i)
-            if prompt_key not in raw and is_gsm8k_record(raw)
+            if is_gsm8k_record(raw, prompt_key)
             else row_from_dict(raw, where, prompt_key, split=split, index=i)
         )
     return rows
@@ -116,7 +124,9 @@ def expand(paths: str | Path | Iterable[str | Path]) -> list[Path | str]:
     return files
 
 
-def read_rows(paths: str | Path | Iterable[str | Path], prompt_key: str = "prompt", hub_split: str = "train") -> list[PromptRow]:
+def read_rows(
+    paths: str | Path | Iterable[str | Path], prompt_key: str = "prompt", hub_split: str = "train"
+) -> list[PromptRow]:
     """Rows of every file in `paths`, concatenated in order (as verl concatenates a list of files). Each row's
     `uid` is `<file name>/<row index>`, prefixed with the file's position when two files share a name."""
     files = expand(paths)
@@ -144,5 +154,9 @@ def write_parquet(rows: Iterable[PromptRow], path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     records: list[dict[str, Any]] = [row.to_verl() for row in rows]
+    if not any(record["extra_info"] for record in records):
+        # Parquet cannot hold a struct without fields; the readers default a missing extra_info to {}.
+        for record in records:
+            del record["extra_info"]
     pq.write_table(pa.Table.from_pylist(records), path)
     return path

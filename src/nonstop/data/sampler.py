@@ -20,8 +20,8 @@ DEFAULT_SEED = 1  # data.seed=null; verl's RandomSampler would use an unseeded g
 
 class PromptSampler:
     """Batches of indices into a data set of `num_prompts`. `drop_last` (verl's training default) drops the tail
-    that does not fill a batch, so every step sees `batch_size` prompts; the dropped prompts come back shuffled
-    into the next epoch's order."""
+    that does not fill a batch, so every step sees `batch_size` prompts: with shuffling a different tail each epoch,
+    without it always the same one (as in verl)."""
 
     def __init__(
         self, num_prompts: int, batch_size: int, shuffle: bool = True, seed: int | None = None, drop_last: bool = True
