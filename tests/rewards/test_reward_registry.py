@@ -18,17 +18,17 @@ def test_unknown_data_source_names_it_and_the_known_ones():
     assert "register_scorer" in str(info.value)
 
 
-def _arith(solution_str, ground_truth):
+def _exact(solution_str, ground_truth):
     return {"score": float(solution_str.strip() == ground_truth), "exact": True}
 
 
 def test_register_scorer(monkeypatch):
     monkeypatch.setattr(registry, "_SCORERS", dict(registry._SCORERS))
-    register_scorer(registry.ARITH_SOURCE, _arith)
-    register_scorer(registry.ARITH_SOURCE, _arith)  # re-import of the registering module: no-op
-    assert default_compute_score("nonstop/arith", " 12", "12") == {"score": 1.0, "exact": True}
+    register_scorer("test/exact", _exact)
+    register_scorer("test/exact", _exact)  # re-import of the registering module: no-op
+    assert default_compute_score("test/exact", " 12", "12") == {"score": 1.0, "exact": True}
     with pytest.raises(ValueError, match="already has a scorer"):
-        register_scorer("nonstop/arith", lambda s, g: 0.0)
+        register_scorer("test/exact", lambda s, g: 0.0)
 
     @register_scorer("test/decorated")
     def decorated(solution_str, ground_truth):
@@ -47,3 +47,9 @@ def test_math_with_math_verify():
     pytest.importorskip("math_verify")
     assert default_compute_score("HuggingFaceH4/MATH-500", "So the answer is $\\boxed{\\frac{1}{2}}$.", "0.5") == 1.0
     assert default_compute_score("lighteval/MATH", "So the answer is $\\boxed{3}$.", "\\frac{1}{2}") == 0.0
+
+
+def test_builtin_arith_task_is_scored_by_its_generator_rule():
+    assert default_compute_score("nonstop/arith", "7 + 3 = 10", "10") == 1.0
+    assert default_compute_score("nonstop/arith", "11", "10") == 0.1  # a bare integer, wrong: format credit
+    assert default_compute_score("nonstop/arith", "I do not know", "10") == 0.0

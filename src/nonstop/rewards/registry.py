@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from nonstop.data import arith
+
 from . import gsm8k
 from . import math as math_scorer
 from .errors import RewardSetupError
@@ -20,13 +22,14 @@ Scorer = Callable[[str, Any], float | dict]
 GSM8K_SOURCES = ("openai/gsm8k",)
 # verl's MATH sources; verl scores them with its own rule and suggests math-verify as the more accurate option.
 MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
-# The project's generated arithmetic task; its scorer is registered by the data module that defines the task.
-ARITH_SOURCE = "nonstop/arith"
+# The project's generated arithmetic task (the embedded default run), scored by the module that generates it.
+ARITH_SOURCE = arith.DATA_SOURCE
 
 
 _SCORERS: dict[str, Scorer] = {
     **dict.fromkeys(GSM8K_SOURCES, gsm8k.compute_score),
     **dict.fromkeys(MATH_SOURCES, math_scorer.compute_score),
+    ARITH_SOURCE: arith.score_arith,
 }
 
 
