@@ -1,0 +1,42 @@
+"""`nonstop train [CONFIG.yaml] [key=value ...]`: run RL training; with no CONFIG, the embedded default run."""
+
+from __future__ import annotations
+
+import argparse
+
+from nonstop.cli.config_cmd import split_config_args
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "train",
+        help="train a policy with RL (GRPO, ...)",
+        description="Train a policy with RL. Keys follow verl's (data.*, actor_rollout_ref.*, algorithm.*, "
+        "trainer.*); docs/configuration.md lists every key. Without CONFIG.yaml the embedded default run is used "
+        "(SmolLM2-135M-Instruct on the built-in nonstop/arith task), and key=value overrides apply on top of it. "
+        "Writes config.yaml and metrics.jsonl to trainer.default_local_dir.",
+    )
+    parser.add_argument("items", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
+    parser.set_defaults(run=run)
+
+
+def config_from_args(items: list[str]):
+    from nonstop.config import EMBEDDED_RUN_OVERRIDES, load_config
+
+    path, overrides = split_config_args(items)
+    if path is None:
+        overrides = [*EMBEDDED_RUN_OVERRIDES, *overrides]
+    return load_config(path, overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    from nonstop.trainer import build_trainer
+
+    config = config_from_args(args.items)  # a ConfigError is a ValueError: the CLI prints it as one line
+    trainer = build_trainer(config)
+    try:
+        history = trainer.fit()
+    finally:
+        trainer.close()
+    print(f"run directory: {trainer.run_dir} ({len(history)} metric lines)")
+    return 0

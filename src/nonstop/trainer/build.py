@@ -1,0 +1,88 @@
+"""A `SyncTrainer` from a `NonstopConfig`: device, policy model, engine, data, reward pool, reference."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from nonstop.config import NonstopConfig
+from nonstop.data import train_dataloader, val_dataloader
+from nonstop.models.loading import load_model
+from nonstop.models.tokenizer import load_tokenizer
+from nonstop.rewards import RewardPool
+from nonstop.rollout import LLM
+from nonstop.trainer.sync_trainer import SyncTrainer
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """A config dtype name (`bfloat16` or `bf16`, ...) as a torch dtype."""
+    return getattr(torch, {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(name, name))
+
+
+def resolve_device(name: str) -> torch.device:
+    """`trainer.device`: auto = cuda when a GPU is visible, else cpu."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("trainer.device=cuda but no CUDA device is visible; use trainer.device=cpu or auto")
+    return torch.device(name)
+
+
+def build_engine(config: NonstopConfig, model: torch.nn.Module, tokenizer, device: torch.device) -> LLM:
+    """On CPU the engine runs the trainer's fp32 model itself (no copy, no sync); on CUDA a copy in
+    `rollout.dtype` that `LLM.update_weights` refreshes after each step."""
+    rollout, data = config.actor_rollout_ref.rollout, config.data
+    engine_model = model
+    if device.type == "cuda":
+        engine_model = copy.deepcopy(model).to(dtype=torch_dtype(rollout.dtype))
+        engine_model.requires_grad_(False)
+    return LLM(
+        engine_model,
+        tokenizer=tokenizer,
+        gpu_memory_utilization=rollout.gpu_memory_utilization,
+        max_num_seqs=rollout.max_num_seqs,
+        max_num_batched_tokens=rollout.max_num_batched_tokens,
+        max_model_len=rollout.max_model_len or data.max_prompt_length + data.max_response_length,
+        enforce_eager=rollout.enforce_eager,
+        enable_prefix_caching=rollout.enable_prefix_caching,
+        seed=0 if data.seed is None else data.seed,
+    )
+
+
+def build_trainer(config: NonstopConfig, console: bool = True) -> SyncTrainer:
+    if config.trainer.mode != "sync":
+        raise ValueError(f"trainer.mode={config.trainer.mode!r} is not implemented yet; use trainer.mode=sync")
+    model_cfg, actor_cfg = config.actor_rollout_ref.model, config.actor_rollout_ref.actor
+    if model_cfg.override_config:
+        raise ValueError("actor_rollout_ref.model.override_config is not supported by the trainer yet")
+    device = resolve_device(config.trainer.device)
+    torch.manual_seed(0 if config.data.seed is None else config.data.seed)
+    model_dtype = torch_dtype(actor_cfg.fsdp_config.model_dtype)
+    model, tokenizer = load_model(model_cfg.path, dtype=model_dtype, device=device)
+    if model_cfg.tokenizer_path:
+        tokenizer = load_tokenizer(model_cfg.tokenizer_path)
+    if model_cfg.custom_chat_template:
+        tokenizer.chat_template = model_cfg.custom_chat_template
+    model.gradient_checkpointing = model_cfg.enable_gradient_checkpointing
+    ref_model = None
+    if actor_cfg.use_kl_loss:
+        ref_model = copy.deepcopy(model).requires_grad_(False).eval()
+    llm = build_engine(config, model, tokenizer, device)
+    pool = RewardPool.from_config(config.reward_model, config.custom_reward_function)
+    try:
+        return SyncTrainer(
+            config,
+            model,
+            tokenizer,
+            llm,
+            train_dataloader(config.data, tokenizer),
+            pool,
+            val_loader=val_dataloader(config.data, tokenizer),
+            ref_model=ref_model,
+            compute_dtype=torch_dtype(actor_cfg.fsdp_config.dtype) if device.type == "cuda" else None,
+            console=console,
+        )
+    except BaseException:
+        pool.close()
+        raise

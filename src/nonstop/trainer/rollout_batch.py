@@ -1,0 +1,95 @@
+"""One step's samples: generate n responses per prompt, and lay them out for rewards, advantages and the update.
+
+Samples are ordered prompt by prompt (prompt i's n samples are rows `i*n .. i*n+n-1`), so a mini-batch of
+`ppo_mini_batch_size` prompts is a contiguous run of rows and GRPO groups never straddle mini-batches.
+
+Legend: B samples, L the longest response in the batch (the padded width of every `[B, L]` tensor).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from nonstop.data import TokenizedPrompt
+from nonstop.rollout import LLM, SamplingParams
+
+_SEED_MODULUS = 2**31 - 1
+
+
+def prompt_seed(base_seed: int, step: int, prompt_index: int) -> int:
+    """The sampling seed of one prompt's n samples: a function of (run seed, step, position in the batch) only, so
+    a run is reproducible and no two prompts of a run share a seed stream by accident."""
+    return (((base_seed * 1_000_003) + step) * 1_000_033 + prompt_index) % _SEED_MODULUS
+
+
+@dataclass
+class Sample:
+    prompt_token_ids: list[int]
+    response_token_ids: list[int]
+    rollout_logprobs: list[float]
+    finish_reason: str | None
+    uid: str
+    data_source: str
+    ground_truth: Any
+    extra_info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RolloutBatch:
+    samples: list[Sample]
+    max_response_length: int
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    @property
+    def response_lengths(self) -> list[int]:
+        return [len(s.response_token_ids) for s in self.samples]
+
+    @property
+    def total_lengths(self) -> list[int]:
+        return [len(s.prompt_token_ids) + len(s.response_token_ids) for s in self.samples]
+
+    @property
+    def uids(self) -> list[str]:
+        return [s.uid for s in self.samples]
+
+    def response_mask(self) -> Tensor:
+        """`[B, L]` float, 1 on response tokens."""
+        lengths_B = torch.tensor(self.response_lengths)
+        width = max(1, int(lengths_B.max()))
+        return (torch.arange(width) < lengths_B.unsqueeze(1)).float()
+
+
+def generate_rollouts(
+    llm: LLM,
+    prompts: Sequence[TokenizedPrompt],
+    params: SamplingParams,
+    base_seed: int,
+    step: int,
+) -> RolloutBatch:
+    """n samples per prompt, each prompt seeded by `prompt_seed(base_seed, step, i)` (greedy ignores the seed)."""
+    per_prompt = [replace(params, seed=prompt_seed(base_seed, step, i)) for i in range(len(prompts))]
+    outputs = llm.generate([p.prompt_token_ids for p in prompts], per_prompt)
+    samples = []
+    for prompt, output in zip(prompts, outputs, strict=True):
+        row = prompt.row
+        for completion in sorted(output.outputs, key=lambda c: c.index):
+            samples.append(
+                Sample(
+                    prompt_token_ids=list(prompt.prompt_token_ids),
+                    response_token_ids=list(completion.token_ids),
+                    rollout_logprobs=list(completion.logprobs),
+                    finish_reason=completion.finish_reason,
+                    uid=row.uid,
+                    data_source=row.data_source,
+                    ground_truth=row.ground_truth,
+                    extra_info=dict(row.extra_info),
+                )
+            )
+    return RolloutBatch(samples, params.max_tokens)

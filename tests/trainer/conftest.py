@@ -1,0 +1,22 @@
+"""Fixtures of the trainer tests."""
+
+from __future__ import annotations
+
+import pytest
+from trainer_helpers import make_trainer
+
+from nonstop.trainer import SyncTrainer
+
+
+@pytest.fixture
+def trainer_factory(tmp_path):
+    made = []
+
+    def factory(overrides: tuple[str, ...] = (), seed: int = 0, validate: bool = False) -> SyncTrainer:
+        trainer = make_trainer(tmp_path / f"run{len(made)}", overrides, seed, validate)
+        made.append(trainer)
+        return trainer
+
+    yield factory
+    for trainer in made:
+        trainer.close()

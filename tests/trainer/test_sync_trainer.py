@@ -1,0 +1,108 @@
+"""End-to-end CPU runs of the sync step loop on the trivially learnable "emit token 7" task (see conftest)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+VERL_KEYS = (
+    "critic/score/mean",
+    "critic/score/max",
+    "critic/score/min",
+    "critic/advantages/mean",
+    "response_length/mean",
+    "response_length/clip_ratio",
+    "actor/pg_loss",
+    "actor/entropy",
+    "actor/pg_clipfrac",
+    "actor/ppo_kl",
+    "actor/grad_norm",
+    "actor/lr",
+    "timing_s/gen",
+    "timing_s/reward",
+    "timing_s/old_log_prob",
+    "timing_s/adv",
+    "timing_s/update_actor",
+    "timing_s/update_weights",
+    "timing_s/step",
+    "perf/throughput",
+    "reward/num_scored",
+)
+
+
+def test_reward_rises_and_metrics_are_written(trainer_factory):
+    trainer = trainer_factory()
+    history = trainer.fit()
+    scores = [m["critic/score/mean"] for m in history]
+    assert len(scores) == 8
+    assert sum(scores[-3:]) / 3 > scores[0] + 0.3, scores
+    lines = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == list(range(1, 9))
+    for key in VERL_KEYS:
+        assert key in lines[0], key
+    assert lines[0]["actor/ppo_kl"] == 0.0  # one mini-batch, one epoch: the ratio is exactly 1
+    assert all(line["actor/skipped_steps"] == 0 for line in lines)
+    assert (trainer.run_dir / "config.yaml").read_text().startswith("data:")
+
+
+def test_several_mini_batches_epochs_and_token_budget(trainer_factory):
+    trainer = trainer_factory(
+        (
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "actor_rollout_ref.actor.ppo_epochs=2",
+            "actor_rollout_ref.actor.use_dynamic_bsz=True",
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=40",
+            "actor_rollout_ref.actor.entropy_coeff=0.01",
+            "trainer.total_training_steps=6",
+        )
+    )
+    history = trainer.fit()
+    scores = [m["critic/score/mean"] for m in history]
+    assert sum(scores[-3:]) / 3 > scores[0] + 0.1, scores
+    assert all(m["timing_s/old_log_prob"] > 0 for m in history)
+    # After the first optimizer step of a step the ratio moves away from 1.
+    assert any(m["actor/ppo_kl"] != 0.0 for m in history)
+
+
+def test_same_seed_same_run(trainer_factory):
+    runs = [trainer_factory(("trainer.total_training_steps=3",)).fit() for _ in range(2)]
+    keys = ("critic/score/mean", "actor/pg_loss", "actor/grad_norm")
+    assert [[m[k] for k in keys] for m in runs[0]] == [[m[k] for k in keys] for m in runs[1]]
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")
+def test_non_finite_gradient_skips_the_optimizer_step(trainer_factory):
+    trainer = trainer_factory(("trainer.total_training_steps=1",))
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    hook = trainer.model.lm_head.weight.register_hook(lambda g: g * float("nan"))
+    try:
+        metrics = trainer.step(1)
+    finally:
+        hook.remove()
+    assert metrics["actor/skipped_steps"] == 1.0
+    assert all((a == b).all() for a, b in zip(before, trainer.model.parameters(), strict=True))
+
+
+def test_validation_every_test_freq_steps(trainer_factory):
+    trainer = trainer_factory(
+        ("trainer.total_training_steps=3", "trainer.test_freq=2", "trainer.val_before_train=True"), validate=True
+    )
+    history = trainer.fit()
+    assert [("val/test/seven/score" in m) for m in history] == [True, False, True, True]  # step 0, 1, 2, 3 (last)
+    assert "critic/score/mean" not in history[0]
+    assert all(0.0 <= m["val/test/seven/score"] <= 1.0 for m in history if "val/test/seven/score" in m)
+
+
+def test_kl_loss_against_the_reference(trainer_factory):
+    trainer = trainer_factory(
+        (
+            "trainer.total_training_steps=3",
+            "actor_rollout_ref.actor.use_kl_loss=True",
+            "+actor_rollout_ref.actor.kl_loss_coef=0.1",
+        )
+    )
+    history = trainer.fit()
+    assert history[0]["actor/kl_loss"] == 0.0  # the reference is the initial policy
+    assert history[-1]["actor/kl_loss"] > 0.0
+    assert all("timing_s/ref" in m for m in history)

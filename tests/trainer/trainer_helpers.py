@@ -1,0 +1,103 @@
+"""Helpers for the trainer tests. A trivially learnable task: reward = fraction of response tokens equal to
+token 7, on a tiny random `CausalLM` with a 32-token vocabulary."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from nonstop.config import load_config
+from nonstop.data import PromptRow, TokenizedPrompt
+from nonstop.models import CausalLM, ModelConfig
+from nonstop.rewards import RewardPool
+from nonstop.rollout import LLM
+from nonstop.trainer import SyncTrainer
+
+TARGET_TOKEN = 7
+VOCAB = 32
+
+
+def seven_fraction(data_source, solution_str, ground_truth, extra_info=None) -> float:
+    tokens = solution_str.split()
+    return sum(t == str(TARGET_TOKEN) for t in tokens) / max(1, len(tokens))
+
+
+class IdTokenizer:
+    """Token ids as decimal words; enough for `decode(ids, skip_special_tokens=True)`."""
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return " ".join(str(int(t)) for t in ids)
+
+
+class FixedPrompts:
+    """`batch_size` random prompts per batch, fresh uids each batch (a `PromptDataLoader` stand-in)."""
+
+    def __init__(self, batch_size: int, seed: int = 0, num_batches: int = 1000):
+        self.batch_size, self.generator, self.count = batch_size, torch.Generator().manual_seed(seed), 0
+        self.num_batches = num_batches
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def next_batch(self) -> list[TokenizedPrompt]:
+        batch = []
+        for _ in range(self.batch_size):
+            length = int(torch.randint(2, 6, (1,), generator=self.generator))
+            ids = torch.randint(8, VOCAB, (length,), generator=self.generator).tolist()
+            row = PromptRow(data_source="test/seven", prompt=[], ground_truth="", uid=f"p{self.count}")
+            batch.append(TokenizedPrompt(row=row, prompt_token_ids=ids))
+            self.count += 1
+        return batch
+
+
+def tiny_model(seed: int = 0) -> CausalLM:
+    config = ModelConfig(
+        model_type="llama",
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        tie_word_embeddings=False,
+    )
+    return CausalLM(config).init_weights(std=0.1, generator=torch.Generator().manual_seed(seed))
+
+
+def make_trainer(run_dir, overrides: tuple[str, ...] = (), seed: int = 0, validate: bool = False) -> SyncTrainer:
+    config = load_config(
+        None,
+        (
+            "algorithm.adv_estimator=grpo",
+            "data.train_batch_size=4",
+            "data.max_prompt_length=8",
+            "data.max_response_length=8",
+            "data.seed=3",
+            "actor_rollout_ref.rollout.n=8",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "actor_rollout_ref.actor.optim.lr=3e-2",
+            "actor_rollout_ref.actor.optim.weight_decay=0.0",
+            "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+            "trainer.total_training_steps=8",
+            "trainer.val_before_train=False",
+            f"trainer.default_local_dir={run_dir}",
+            *overrides,
+        ),
+    )
+    torch.manual_seed(seed)
+    model = tiny_model(seed)
+    tokenizer = IdTokenizer()
+    llm = LLM(model, tokenizer=tokenizer, device="cpu", max_model_len=16, num_kv_blocks=64, seed=seed)
+    return SyncTrainer(
+        config,
+        model,
+        tokenizer,
+        llm,
+        FixedPrompts(config.data.train_batch_size, seed),
+        RewardPool(seven_fraction, num_workers=0),
+        val_loader=FixedPrompts(8, seed + 100, num_batches=1) if validate else None,
+        ref_model=copy.deepcopy(model).requires_grad_(False) if config.actor_rollout_ref.actor.use_kl_loss else None,
+        console=False,
+    )
