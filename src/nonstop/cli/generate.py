@@ -36,8 +36,8 @@ def register(subparsers) -> None:
     parser.add_argument("--seed", type=int, default=None, help="per-request seed for reproducible samples")
     parser.add_argument("--no-chat-template", action="store_true", help="send text prompts as raw text")
     parser.add_argument("--json", action="store_true", help="print one JSON object per completion")
-    parser.add_argument("--device", default=None, help="cuda | cpu (default: cuda when available)")
-    parser.add_argument("--dtype", default=None, help="bfloat16 | float32 (default: bf16 on GPU, fp32 on CPU)")
+    parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available")
+    parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], help="default: bf16 on GPU, fp32 on CPU")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.set_defaults(run=run)
 
@@ -74,9 +74,7 @@ def to_token_ids(request: dict, tokenizer, use_chat_template: bool) -> list[int]
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from nonstop.models.loading import default_model_path, load_model
+    from nonstop.models.loading import default_model_path
     from nonstop.rollout import LLM, SamplingParams
 
     requests = read_requests(args.input) if args.input else [{"prompt": p} for p in args.prompt]
@@ -91,10 +89,14 @@ def run(args: argparse.Namespace) -> int:
         ignore_eos=args.ignore_eos,
         seed=args.seed,
     )
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    model, tokenizer = load_model(args.model or default_model_path(), dtype=dtype, device=device)
-    llm = LLM(model, tokenizer=tokenizer, device=device, gpu_memory_utilization=args.gpu_memory_utilization)
+    # LLM(path) picks the device (CUDA when visible) and dtype (bf16 on GPU, fp32 on CPU) and loads the tokenizer.
+    llm = LLM(
+        str(args.model or default_model_path()),
+        device=args.device,
+        dtype=args.dtype,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+    )
+    tokenizer = llm.tokenizer
     prompt_ids = [to_token_ids(r, tokenizer, not args.no_chat_template) for r in requests]
     for index, output in enumerate(llm.generate(prompt_ids, params)):
         for sample_index, completion in enumerate(output.outputs):
