@@ -8,7 +8,7 @@ llm.update_weights(trainer_model.named_parameters())  # in place; the prefix cac
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 from torch import Tensor
@@ -80,10 +80,12 @@ class LLM:
         prompts: str | list[str] | list[list[int]] | list[Mapping],
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool = False,
+        on_finished: Callable[[int, RequestOutput], None] | None = None,
     ) -> list[RequestOutput]:
         """One RequestOutput per prompt, in prompt order. Text prompts are tokenized with `tokenizer.encode` (apply a
         chat template yourself); token-id prompts (lists, or dicts with "prompt_token_ids" / "input_ids") are used as
-        given."""
+        given. `on_finished(prompt_index, output)` is called as soon as each prompt's n samples are done, while the
+        rest are still generating (the trainer starts reward scoring there)."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         sampling_params = sampling_params or SamplingParams()
@@ -122,6 +124,9 @@ class LLM:
             while engine.has_unfinished_requests():
                 finished = engine.step()
                 outputs += finished
+                if on_finished is not None:
+                    for output in finished:
+                        on_finished(order[output.request_id], output)
                 if progress is not None:
                     progress.update(len(finished))
         finally:
