@@ -12,8 +12,14 @@ from nonstop.trainer import SyncTrainer
 def trainer_factory(tmp_path):
     made = []
 
-    def factory(overrides: tuple[str, ...] = (), seed: int = 0, validate: bool = False) -> SyncTrainer:
-        trainer = make_trainer(tmp_path / f"run{len(made)}", overrides, seed, validate)
+    def factory(
+        overrides: tuple[str, ...] = (),
+        seed: int = 0,
+        validate: bool = False,
+        run_dir=None,
+        engine_copy: bool = False,
+    ) -> SyncTrainer:
+        trainer = make_trainer(run_dir or tmp_path / f"run{len(made)}", overrides, seed, validate, engine_copy)
         made.append(trainer)
         return trainer
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -106,3 +107,62 @@ def test_kl_loss_against_the_reference(trainer_factory):
     assert history[0]["actor/kl_loss"] == 0.0  # the reference is the initial policy
     assert history[-1]["actor/kl_loss"] > 0.0
     assert all("timing_s/ref" in m for m in history)
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")
+def test_run_stops_after_max_nonfinite_steps_in_a_row(trainer_factory):
+    trainer = trainer_factory(("trainer.total_training_steps=6", "trainer.max_nonfinite_steps=2"))
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.model.lm_head.weight.register_hook(lambda g: g * float("nan"))
+    with pytest.raises(RuntimeError, match=r"2 steps in a row .*trainer.max_nonfinite_steps=2"):
+        trainer.fit()
+    lines = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [line["actor/skipped_steps"] for line in lines] == [1.0, 2.0]  # both steps logged before the stop
+    assert all((a == b).all() for a, b in zip(before, trainer.model.parameters(), strict=True))
+
+
+def test_sync_probe_is_small_after_update_weights_and_large_when_a_sync_is_missed(trainer_factory):
+    synced = trainer_factory(("trainer.total_training_steps=3",), engine_copy=True)
+    assert not synced.shares_weights
+    history = synced.fit()
+    assert all(m["actor/sync_logprob_diff"] < 1e-5 for m in history)
+
+    stale = trainer_factory(("trainer.total_training_steps=3",), engine_copy=True)
+    stale.llm.update_weights = lambda named_tensors: None  # a broken hand-off: the engine keeps step 0's weights
+    history = stale.fit()
+    assert history[0]["actor/sync_logprob_diff"] < 1e-5  # before the first update both hold the initial weights
+    assert all(m["actor/sync_logprob_diff"] > 1e-3 for m in history[1:])
+
+
+def test_rewards_are_submitted_while_generation_is_still_running(trainer_factory):
+    trainer = trainer_factory(("trainer.total_training_steps=1", "data.train_batch_size=4"))
+    engine = trainer.llm.llm_engine
+    pending_at_submit = []
+    real_submit = trainer.reward_pool.submit
+
+    def spy(*args, **kwargs):
+        pending_at_submit.append(engine.has_unfinished_requests())
+        return real_submit(*args, **kwargs)
+
+    trainer.reward_pool.submit = spy
+    # Different response budgets per prompt make the groups finish at different engine steps.
+    real_generate = trainer.llm.generate
+
+    def varied_budgets(prompts, params, **kwargs):
+        params = [dataclasses.replace(p, max_tokens=2 + 2 * i, ignore_eos=True) for i, p in enumerate(params)]
+        return real_generate(prompts, params, **kwargs)
+
+    trainer.llm.generate = varied_budgets
+    trainer.fit()
+    assert len(pending_at_submit) == 4 * 8
+    assert sum(pending_at_submit) == 3 * 8  # every group but the last was scored while others were generating
+
+
+def test_tensorboard_logger_writes_the_step_metrics(trainer_factory):
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    trainer = trainer_factory(("trainer.total_training_steps=2", "trainer.logger=[console,tensorboard]"))
+    history = trainer.fit()
+    acc = event_accumulator.EventAccumulator(str(trainer.run_dir / "tensorboard"))
+    acc.Reload()
+    scores = [(e.step, e.value) for e in acc.Scalars("critic/score/mean")]
+    assert scores == [(i + 1, pytest.approx(m["critic/score/mean"])) for i, m in enumerate(history)]

@@ -40,6 +40,13 @@ class FixedPrompts:
     def __len__(self) -> int:
         return self.num_batches
 
+    def state_dict(self) -> dict:
+        return {"count": self.count, "generator": self.generator.get_state().tolist()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.count = state["count"]
+        self.generator.set_state(torch.tensor(state["generator"], dtype=torch.uint8))
+
     def next_batch(self) -> list[TokenizedPrompt]:
         batch = []
         for _ in range(self.batch_size):
@@ -66,7 +73,10 @@ def tiny_model(seed: int = 0) -> CausalLM:
     return CausalLM(config).init_weights(std=0.1, generator=torch.Generator().manual_seed(seed))
 
 
-def make_trainer(run_dir, overrides: tuple[str, ...] = (), seed: int = 0, validate: bool = False) -> SyncTrainer:
+def make_trainer(
+    run_dir, overrides: tuple[str, ...] = (), seed: int = 0, validate: bool = False, engine_copy: bool = False
+) -> SyncTrainer:
+    """`engine_copy`: the engine gets its own copy of the weights (as on CUDA) instead of sharing the trainer's."""
     config = load_config(
         None,
         (
@@ -89,7 +99,14 @@ def make_trainer(run_dir, overrides: tuple[str, ...] = (), seed: int = 0, valida
     torch.manual_seed(seed)
     model = tiny_model(seed)
     tokenizer = IdTokenizer()
-    llm = LLM(model, tokenizer=tokenizer, device="cpu", max_model_len=16, num_kv_blocks=64, seed=seed)
+    llm = LLM(
+        copy.deepcopy(model) if engine_copy else model,
+        tokenizer=tokenizer,
+        device="cpu",
+        max_model_len=16,
+        num_kv_blocks=64,
+        seed=seed,
+    )
     return SyncTrainer(
         config,
         model,

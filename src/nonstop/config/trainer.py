@@ -36,7 +36,7 @@ class TrainerConfig:
     test_freq: int = option(-1, "Validate every this many steps; <= 0 = never")
     val_before_train: bool = option(True, "Validate before the first step")
     val_only: bool = option(False, "Validate and exit")
-    save_freq: int = option(-1, "Checkpoint every this many steps; <= 0 = only at the end")
+    save_freq: int = option(-1, "Checkpoint every this many steps and at the last step; <= 0 = never")
     default_local_dir: str = option(
         "runs/${trainer.project_name}/${trainer.experiment_name}",
         "Run directory: config.yaml, metrics.jsonl, checkpoints/, profile/",
@@ -45,6 +45,11 @@ class TrainerConfig:
     resume_from_path: str | None = option(None, "Checkpoint directory when resume_mode=resume_path")
     max_actor_ckpt_to_keep: int | None = option(None, "Keep the newest N actor checkpoints; null = all")
     max_critic_ckpt_to_keep: int | None = option(None, "Keep the newest N critic checkpoints; null = all")
+    max_nonfinite_steps: int = option(
+        3,
+        "(nonstop) Stop the run after this many steps in a row whose loss or gradient was NaN/inf (each such "
+        "update is skipped and counted in actor/skipped_steps); 0 = never stop",
+    )
 
     def __post_init__(self):
         check_choice("mode", self.mode, MODES)
@@ -65,3 +70,4 @@ class TrainerConfig:
         )
         check_positive_or_none("max_actor_ckpt_to_keep", self.max_actor_ckpt_to_keep)
         check_positive_or_none("max_critic_ckpt_to_keep", self.max_critic_ckpt_to_keep)
+        check(self.max_nonfinite_steps >= 0, "max_nonfinite_steps", self.max_nonfinite_steps, "must be >= 0")

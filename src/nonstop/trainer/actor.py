@@ -116,6 +116,14 @@ class Actor:
                 out_BL[rows] = self.forward(batch, rows, width, compute_entropy=False, model=model)[0]
         return out_BL
 
+    @torch.no_grad()
+    def sequence_logprobs(self, pairs: list[tuple[list[int], list[int]]], temperature: float = 1.0) -> Tensor:
+        """`[R]` log-probs of the response tokens of (prompt, response) pairs in packed order, computed the way the
+        update computes them (same autocast, fused kernels off): the trainer side of the weight-sync probe."""
+        packed = pack_sequences(pairs, self.device)
+        with fused_kernels(False), self._autocast():
+            return response_logprobs(self.model, packed, temperature, self.chunk_size, compute_entropy=False)[0]
+
     # -- update -----------------------------------------------------------------------------------------------------
 
     def update(

@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+import torch
 from torch import Tensor
 
+from nonstop.trainer.loggers import MetricSink
 from nonstop.trainer.rollout_batch import RolloutBatch
 
 
@@ -50,20 +52,49 @@ def data_metrics(batch: RolloutBatch, scores_B: Tensor, advantages_BL: Tensor, m
 
 
 class MetricsLog:
-    """Appends one JSON object per step to `metrics.jsonl`; non-finite floats are written as null (JSON has no
-    NaN)."""
+    """Appends one JSON object per step to `metrics.jsonl` (non-finite floats as null: JSON has no NaN), forwards
+    the step to the `trainer.logger` sinks, and prints the console line above the progress bar."""
 
-    def __init__(self, run_dir: Path, console: bool = True):
+    def __init__(self, run_dir: Path, console: bool = True, sinks: Sequence[MetricSink] = ()):
         run_dir.mkdir(parents=True, exist_ok=True)
         self.path = run_dir / "metrics.jsonl"
-        self.console = console
+        self.console, self.sinks = console, list(sinks)
+        self.progress = None
+
+    def start(self, total_steps: int, resume_step: int | None) -> None:
+        """A fresh run empties `metrics.jsonl`; a resumed one keeps the rows up to its checkpoint's step, so the file
+        reads as if the run had never stopped."""
+        kept = []
+        if resume_step is not None and self.path.exists():
+            kept = [line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= resume_step]
+        self.path.write_text("".join(line + "\n" for line in kept))
+        if self.console:
+            from tqdm import tqdm
+
+            self.progress = tqdm(total=total_steps, initial=resume_step or 0, desc="train", unit="step")
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         row = {"step": step, **{k: (v if math.isfinite(v) else None) for k, v in metrics.items()}}
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
+        for sink in self.sinks:
+            sink.log(step, metrics)
         if self.console:
-            print(console_line(step, metrics), flush=True)
+            line = console_line(step, metrics)
+            if self.progress is not None:
+                self.progress.write(line)
+                if step > self.progress.n:
+                    self.progress.update(step - self.progress.n)
+            else:
+                print(line, flush=True)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.close()
+            self.progress = None
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
 
 
 def console_line(step: int, m: dict[str, float]) -> str:
@@ -77,4 +108,47 @@ def console_line(step: int, m: dict[str, float]) -> str:
     parts += [f"{k} {v:.3f}" for k, v in m.items() if k.startswith("val/")]
     if "timing_s/step" in m:
         parts.append(f"{m['timing_s/step']:.2f}s")
+    if "perf/throughput" in m:
+        parts.append(f"{m['perf/throughput']:.0f} tok/s")
     return " | ".join(parts)
+
+
+# Dense bf16 tensor-core peaks (FLOP/s) by device-name fragment; devices not listed get no MFU rather than a guess.
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12}
+
+
+def peak_flops(device: torch.device | str) -> float | None:
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in PEAK_BF16_FLOPS.items() if key in name), None)
+
+
+def model_flops_metrics(
+    num_params: int,
+    prompt_tokens: int,
+    response_tokens: int,
+    trained_passes: int,
+    extra_forward_passes: int,
+    timings: dict[str, float],
+    device: torch.device | str,
+) -> dict[str, float]:
+    """Model FLOPs utilisation by the 2N (forward) / 6N (forward + backward) per-token rule, attention ignored:
+    `perf/mfu/actor` over the update (verl's metric), `perf/mfu` over the whole step (generation's prompt prefill
+    and decode count 2N per token). On CUDA also the step's peak memory; nothing on CPU."""
+    metrics: dict[str, float] = {}
+    device = torch.device(device)
+    if device.type == "cuda":
+        metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
+        metrics["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved(device) / 2**30
+        torch.cuda.reset_peak_memory_stats(device)
+    peak = peak_flops(device)
+    if peak is None:
+        return metrics
+    tokens = prompt_tokens + response_tokens
+    update_flops = 6 * num_params * tokens * trained_passes
+    step_flops = update_flops + 2 * num_params * (tokens * extra_forward_passes + tokens)
+    metrics["perf/mfu/actor"] = update_flops / max(timings["timing_s/update_actor"], 1e-9) / peak
+    metrics["perf/mfu"] = step_flops / max(timings["timing_s/step"], 1e-9) / peak
+    return metrics

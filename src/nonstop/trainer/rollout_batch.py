@@ -8,7 +8,7 @@ Legend: B samples, L the longest response in the batch (the padded width of ever
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from nonstop.data import TokenizedPrompt
-from nonstop.rollout import LLM, SamplingParams
+from nonstop.rollout import LLM, RequestOutput, SamplingParams
 
 _SEED_MODULUS = 2**31 - 1
 
@@ -72,24 +72,34 @@ def generate_rollouts(
     params: SamplingParams,
     base_seed: int,
     step: int,
+    on_prompt_done: Callable[[int, list[Sample]], None] | None = None,
 ) -> RolloutBatch:
-    """n samples per prompt, each prompt seeded by `prompt_seed(base_seed, step, i)` (greedy ignores the seed)."""
+    """n samples per prompt, each prompt seeded by `prompt_seed(base_seed, step, i)` (greedy ignores the seed).
+    `on_prompt_done(i, samples)` gets prompt i's samples as soon as they are all finished, in finishing order."""
     per_prompt = [replace(params, seed=prompt_seed(base_seed, step, i)) for i in range(len(prompts))]
-    outputs = llm.generate([p.prompt_token_ids for p in prompts], per_prompt)
-    samples = []
-    for prompt, output in zip(prompts, outputs, strict=True):
-        row = prompt.row
-        for completion in sorted(output.outputs, key=lambda c: c.index):
-            samples.append(
-                Sample(
-                    prompt_token_ids=list(prompt.prompt_token_ids),
-                    response_token_ids=list(completion.token_ids),
-                    rollout_logprobs=list(completion.logprobs),
-                    finish_reason=completion.finish_reason,
-                    uid=row.uid,
-                    data_source=row.data_source,
-                    ground_truth=row.ground_truth,
-                    extra_info=dict(row.extra_info),
-                )
-            )
-    return RolloutBatch(samples, params.max_tokens)
+    by_prompt: dict[int, list[Sample]] = {}
+
+    def finished(index: int, output: RequestOutput) -> None:
+        by_prompt[index] = _samples(prompts[index], output)
+        if on_prompt_done is not None:
+            on_prompt_done(index, by_prompt[index])
+
+    llm.generate([p.prompt_token_ids for p in prompts], per_prompt, on_finished=finished)
+    return RolloutBatch([s for i in range(len(prompts)) for s in by_prompt[i]], params.max_tokens)
+
+
+def _samples(prompt: TokenizedPrompt, output: RequestOutput) -> list[Sample]:
+    row = prompt.row
+    return [
+        Sample(
+            prompt_token_ids=list(prompt.prompt_token_ids),
+            response_token_ids=list(completion.token_ids),
+            rollout_logprobs=list(completion.logprobs),
+            finish_reason=completion.finish_reason,
+            uid=row.uid,
+            data_source=row.data_source,
+            ground_truth=row.ground_truth,
+            extra_info=dict(row.extra_info),
+        )
+        for completion in sorted(output.outputs, key=lambda c: c.index)
+    ]

@@ -5,11 +5,15 @@ weights to the engine. Generation and training take turns on the same device.
 
 Weight sync: on CPU the engine runs the trainer's own fp32 `CausalLM`, so after an optimizer step only the prefix
 cache (KV computed by the old weights) is stale; on CUDA the engine holds a bf16 copy, refreshed in place with
-`LLM.update_weights`.
+`LLM.update_weights`, and checked every step by the sync probe (`actor/sync_logprob_diff`).
+
+Rewards are submitted to the pool as each prompt's samples finish, so scoring overlaps the rest of generation;
+`timing_s/reward` is only the wait for the scores still outstanding when generation ends.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,11 +27,20 @@ from nonstop.data import TokenizedPrompt
 from nonstop.rewards import RewardPool
 from nonstop.rollout import LLM, SamplingParams
 from nonstop.trainer.actor import Actor
-from nonstop.trainer.metrics import MetricsLog, Timer, data_metrics
-from nonstop.trainer.rollout_batch import RolloutBatch, generate_rollouts
+from nonstop.trainer.checkpoint import (
+    TrainingState,
+    checkpoint_root,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from nonstop.trainer.loggers import build_sinks
+from nonstop.trainer.metrics import MetricsLog, Timer, data_metrics, model_flops_metrics
+from nonstop.trainer.rollout_batch import RolloutBatch, Sample, generate_rollouts
 
 # Estimators that need only outcome scores and groups; gae needs a critic, which this loop does not train yet.
 OUTCOME_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+PROBE_PROMPTS, PROBE_TOKENS = 2, 16  # the weight-sync probe: a few sampled tokens of the first step's first prompts
 
 
 class SyncTrainer:
@@ -45,8 +58,9 @@ class SyncTrainer:
         console: bool = True,
     ):
         """`train_loader` / `val_loader` hand out `TokenizedPrompt` lists from `next_batch()` (a
-        `PromptDataLoader`); `tokenizer` needs `decode(ids, skip_special_tokens=True)`. `ref_model` is the frozen
-        reference, required when `actor.use_kl_loss`. `compute_dtype`: autocast dtype of the update on CUDA."""
+        `PromptDataLoader`; `state_dict()` / `load_state_dict()` when present are checkpointed); `tokenizer` needs
+        `decode(ids, skip_special_tokens=True)`. `ref_model` is the frozen reference, required when
+        `actor.use_kl_loss`. `compute_dtype`: autocast dtype of the update on CUDA."""
         algorithm, arr = config.algorithm, config.actor_rollout_ref
         if algorithm.adv_estimator not in OUTCOME_ESTIMATORS:
             raise ValueError(
@@ -92,41 +106,70 @@ class SyncTrainer:
         self.shares_weights = llm.model is model
         self.free_cache_engine = rollout.free_cache_engine and device.type == "cuda"
         self.run_dir = Path(config.trainer.default_local_dir)
+        self.ckpt_root = checkpoint_root(self.run_dir)
         self.log = MetricsLog(self.run_dir, console=console)
+        self.num_params = sum(p.numel() for p in model.parameters())
+        self.nonfinite_streak = 0
+        self.probe_prompts: list[list[int]] | None = None
 
     # -- the loop ---------------------------------------------------------------------------------------------------
 
     def fit(self) -> list[dict[str, float]]:
-        """Train `total_steps` steps; returns each step's metrics (also in `RUN_DIR/metrics.jsonl`)."""
+        """Train up to `total_steps` (continuing from a checkpoint per `trainer.resume_mode`); returns the metrics of
+        the steps run by this call (all steps are in `RUN_DIR/metrics.jsonl`)."""
+        trainer_cfg = self.config.trainer
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(config_to_yaml(self.config))
-        self.log.path.write_text("")  # no checkpoint resume yet: a rerun in the same directory starts a fresh log
-        trainer_cfg = self.config.trainer
+        resumed = self.resume()
+        start = resumed or 0
+        self.log.sinks = build_sinks(
+            trainer_cfg.logger,
+            self.run_dir,
+            trainer_cfg.project_name,
+            trainer_cfg.experiment_name,
+            dataclasses.asdict(self.config),
+        )
+        self.log.start(self.total_steps, resumed)
         history = []
-        if self.val_loader is not None and (trainer_cfg.val_before_train or trainer_cfg.val_only):
-            val_metrics = self.validate(step=0)
-            self.log.write(0, val_metrics)
-            history.append(val_metrics)
-            if trainer_cfg.val_only:
-                return history
-        for step in range(1, self.total_steps + 1):
-            metrics = self.step(step)
-            freq = trainer_cfg.test_freq
-            if self.val_loader is not None and freq > 0 and (step % freq == 0 or step == self.total_steps):
-                metrics.update(self.validate(step))
-            self.log.write(step, metrics)
-            history.append(metrics)
+        try:
+            validate_first = trainer_cfg.val_before_train or trainer_cfg.val_only
+            if self.val_loader is not None and resumed is None and validate_first:
+                val_metrics = self.validate(step=0)
+                self.log.write(0, val_metrics)
+                history.append(val_metrics)
+                if trainer_cfg.val_only:
+                    return history
+            for step in range(start + 1, self.total_steps + 1):
+                metrics = self.step(step)
+                last = step == self.total_steps
+                freq = trainer_cfg.test_freq
+                if self.val_loader is not None and freq > 0 and (step % freq == 0 or last):
+                    metrics.update(self.validate(step))
+                if trainer_cfg.save_freq > 0 and (step % trainer_cfg.save_freq == 0 or last):
+                    start_save = time.perf_counter()
+                    self.save(step)
+                    metrics["timing_s/save_checkpoint"] = time.perf_counter() - start_save
+                self.log.write(step, metrics)
+                history.append(metrics)
+                self._check_nonfinite(step, metrics)
+        finally:
+            self.log.close()
         return history
 
     def step(self, step: int) -> dict[str, float]:
         timer = Timer()
         cfg = self.config
+        extra: dict[str, float] = {}
         with timer("step"):
-            prompts = self.train_loader.next_batch()
+            with timer("data"):
+                prompts = self.train_loader.next_batch()
+            if self.probe_prompts is None:
+                self.probe_prompts = [list(p.prompt_token_ids) for p in prompts[:PROBE_PROMPTS]]
+            prefix = f"train-{step}"
             with timer("gen"):
-                batch = self._generate(prompts, self.sampling_params, step)
+                batch = self._generate(prompts, self.sampling_params, step, prefix, extra)
             with timer("reward"):
-                scores_B = self._score(batch, prefix=f"train-{step}")
+                scores_B = self._collect_scores(batch, prefix)
             mask_BL = batch.response_mask()
             old_log_prob_BL = ref_log_prob_BL = None
             if self.actor.needs_old_log_prob(batch):
@@ -144,18 +187,34 @@ class SyncTrainer:
                     norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
                     gamma=cfg.algorithm.gamma,
                 )
+            skipped_before = self.actor.skipped_steps
             with timer("update_actor"):
                 actor_metrics = self.actor.update(batch, advantages_BL, old_log_prob_BL, ref_log_prob_BL)
             with timer("update_weights"):
                 self._sync_weights()
+        self.nonfinite_streak = self.nonfinite_streak + 1 if self.actor.skipped_steps > skipped_before else 0
         metrics = data_metrics(batch, scores_B, advantages_BL, mask_BL)
         metrics.update(actor_metrics)
         metrics.update(self.reward_pool.pop_metrics())
         metrics.update(timer.timings)
+        metrics.update(extra)
         metrics.setdefault("timing_s/old_log_prob", 0.0)
+        metrics.setdefault("timing_s/ref", 0.0)
         tokens = sum(batch.total_lengths)
         metrics["perf/total_num_tokens"] = float(tokens)
+        metrics["perf/time_per_step"] = timer.timings["timing_s/step"]
         metrics["perf/throughput"] = tokens / max(timer.timings["timing_s/step"], 1e-9)
+        metrics.update(
+            model_flops_metrics(
+                self.num_params,
+                prompt_tokens=sum(len(s.prompt_token_ids) for s in batch.samples),
+                response_tokens=sum(batch.response_lengths),
+                trained_passes=cfg.actor_rollout_ref.actor.ppo_epochs,
+                extra_forward_passes=int(old_log_prob_BL is not None) + int(ref_log_prob_BL is not None),
+                timings=timer.timings,
+                device=next(self.model.parameters()).device,
+            )
+        )
         metrics["training/global_step"] = float(step)
         return metrics
 
@@ -165,8 +224,9 @@ class SyncTrainer:
         start = time.perf_counter()
         by_source: dict[str, list[float]] = {}
         for i in range(len(self.val_loader)):
-            batch = self._generate(self.val_loader.next_batch(), self.val_sampling_params, step)
-            scores_B = self._score(batch, prefix=f"val-{step}-{i}")
+            prefix = f"val-{step}-{i}"
+            batch = self._generate(self.val_loader.next_batch(), self.val_sampling_params, step, prefix)
+            scores_B = self._collect_scores(batch, prefix)
             for sample, score in zip(batch.samples, scores_B.tolist(), strict=True):
                 by_source.setdefault(sample.data_source, []).append(score)
         self.reward_pool.pop_metrics()  # validation scoring is not the step's reward work
@@ -175,25 +235,108 @@ class SyncTrainer:
         return metrics
 
     def close(self) -> None:
+        self.log.close()
         self.reward_pool.close()
+
+    # -- checkpoints ------------------------------------------------------------------------------------------------
+
+    def save(self, step: int) -> Path:
+        state = TrainingState(
+            step=step,
+            scheduler=self.actor.scheduler.state_dict(),
+            train_loader=_loader_state(self.train_loader),
+            val_loader=_loader_state(self.val_loader),
+            extra={
+                "skipped_steps": self.actor.skipped_steps,
+                "nonfinite_streak": self.nonfinite_streak,
+                "probe_prompts": self.probe_prompts,
+            },
+        )
+        keep = self.config.trainer.max_actor_ckpt_to_keep
+        return save_checkpoint(self.ckpt_root, state, self.model, self.actor.optimizer, self.tokenizer, keep)
+
+    def resume(self) -> int | None:
+        """Load the checkpoint `trainer.resume_mode` names; returns its step, or None when starting fresh."""
+        trainer_cfg = self.config.trainer
+        if trainer_cfg.resume_mode == "disable":
+            return None
+        if trainer_cfg.resume_mode == "resume_path":
+            path = Path(trainer_cfg.resume_from_path)
+            if not (path / "trainer_state.json").is_file():
+                raise ValueError(f"trainer.resume_from_path={str(path)!r} is not a checkpoint directory")
+        else:
+            path = latest_checkpoint(self.ckpt_root)
+            if path is None:
+                return None
+        state = load_checkpoint(path, self.model, self.actor.optimizer)
+        self.actor.scheduler.load_state_dict(state.scheduler)
+        for loader, loader_state in ((self.train_loader, state.train_loader), (self.val_loader, state.val_loader)):
+            if loader_state is not None and loader is not None:
+                loader.load_state_dict(loader_state)
+        self.actor.skipped_steps = state.extra["skipped_steps"]
+        self.nonfinite_streak = state.extra["nonfinite_streak"]
+        self.probe_prompts = state.extra["probe_prompts"]
+        self._sync_weights()
+        print(f"resumed from {path} (step {state.step})", flush=True)
+        return state.step
+
+    def _check_nonfinite(self, step: int, metrics: dict[str, float]) -> None:
+        limit = self.config.trainer.max_nonfinite_steps
+        if limit and self.nonfinite_streak >= limit:
+            latest = latest_checkpoint(self.ckpt_root) if self.ckpt_root.exists() else None
+            raise RuntimeError(
+                f"step {step}: {self.nonfinite_streak} steps in a row had a NaN/inf loss or gradient "
+                f"(actor/grad_norm={metrics.get('actor/grad_norm')}); their updates were skipped and the run stops "
+                f"(trainer.max_nonfinite_steps={limit}). Latest checkpoint: {latest or 'none'}"
+            )
 
     # -- pieces -----------------------------------------------------------------------------------------------------
 
-    def _generate(self, prompts: Sequence[TokenizedPrompt], params: SamplingParams, step: int) -> RolloutBatch:
+    def _generate(
+        self,
+        prompts: Sequence[TokenizedPrompt],
+        params: SamplingParams,
+        step: int,
+        reward_prefix: str,
+        metrics: dict[str, float] | None = None,
+    ) -> RolloutBatch:
+        """Generate and submit each prompt's samples for scoring as soon as they finish. With `metrics`, the weight-
+        sync probe runs first (when the engine holds its own copy of the weights)."""
+
+        def submit(index: int, samples: list[Sample]) -> None:
+            for j, s in enumerate(samples):
+                text = self.tokenizer.decode(s.response_token_ids, skip_special_tokens=True)
+                sample_id = f"{reward_prefix}-{index * len(samples) + j}"
+                self.reward_pool.submit(sample_id, s.data_source, text, s.ground_truth, s.extra_info)
+
         if self.free_cache_engine:
             self.llm.resume()
         self.model.eval()
         try:
-            return generate_rollouts(self.llm, prompts, params, self.seed, step)
+            if metrics is not None and not self.shares_weights and self.probe_prompts:
+                metrics["actor/sync_logprob_diff"] = self._sync_probe(step)
+            return generate_rollouts(self.llm, prompts, params, self.seed, step, on_prompt_done=submit)
         finally:
             if self.free_cache_engine:
                 self.llm.release()
 
-    def _score(self, batch: RolloutBatch, prefix: str) -> torch.Tensor:
+    def _sync_probe(self, step: int) -> float:
+        """Mean |engine − trainer| log-prob of a few tokens the engine samples at temperature 1 from fixed prompts:
+        ~bf16 noise when the engine holds the trainer's weights, large when a sync was missed."""
+        room = self.llm.llm_engine.max_model_len
+        params = [
+            SamplingParams(temperature=1.0, max_tokens=min(PROBE_TOKENS, room - len(p)), ignore_eos=True, seed=step)
+            for p in self.probe_prompts
+        ]
+        outputs = self.llm.generate(self.probe_prompts, params)
+        responses = [list(out.outputs[0].token_ids) for out in outputs]
+        pairs = list(zip(self.probe_prompts, responses, strict=True))
+        engine_R = torch.tensor([lp for out in outputs for lp in out.outputs[0].logprobs])
+        trainer_R = self.actor.sequence_logprobs(pairs).float().cpu()
+        return (trainer_R - engine_R).abs().mean().item()
+
+    def _collect_scores(self, batch: RolloutBatch, prefix: str) -> torch.Tensor:
         ids = [f"{prefix}-{i}" for i in range(len(batch))]
-        for sample_id, s in zip(ids, batch.samples, strict=True):
-            text = self.tokenizer.decode(s.response_token_ids, skip_special_tokens=True)
-            self.reward_pool.submit(sample_id, s.data_source, text, s.ground_truth, s.extra_info)
         results = self.reward_pool.collect(ids)
         return torch.tensor([results[i].score for i in ids], dtype=torch.float32)
 
@@ -202,3 +345,7 @@ class SyncTrainer:
             self.llm.reset_prefix_cache()  # same tensors: only KV cached under the old weights is stale
         else:
             self.llm.update_weights(self.model.named_parameters())
+
+
+def _loader_state(loader: Any) -> dict[str, Any] | None:
+    return loader.state_dict() if loader is not None and hasattr(loader, "state_dict") else None

@@ -1,0 +1,200 @@
+"""Trainer checkpoints: everything needed to continue a run as if it had never stopped.
+
+Layout (verl's names where verl has one):
+
+    RUN_DIR/checkpoints/latest_checkpointed_iteration.txt   the newest complete step, written last
+    RUN_DIR/checkpoints/global_step_N/actor/                 HF model directory (config.json + safetensors)
+    RUN_DIR/checkpoints/global_step_N/optimizer.safetensors  AdamW moments, flattened `state.<param>.<key>`
+    RUN_DIR/checkpoints/global_step_N/rng.safetensors        torch CPU / CUDA generator states
+    RUN_DIR/checkpoints/global_step_N/trainer_state.json     step, scheduler, data-loader positions, counters, RNGs
+
+A step directory is written under a temporary name and renamed into place, and the `latest` file is replaced
+atomically after that, so a crash mid-save leaves the previous checkpoint as the latest. Nothing is read back
+with `torch.load` (pickle): tensors are safetensors, the rest JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from nonstop.models.save import save_hf
+
+LATEST_FILE = "latest_checkpointed_iteration.txt"
+STEP_DIR = re.compile(r"^global_step_(\d+)$")
+
+
+@dataclass
+class TrainingState:
+    """What a checkpoint restores besides tensors. `extra` holds the trainer's own counters."""
+
+    step: int
+    scheduler: dict[str, Any]
+    train_loader: dict[str, Any] | None
+    val_loader: dict[str, Any] | None
+    extra: dict[str, Any]
+
+
+def checkpoint_root(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"global_step_{step}"
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The directory named by the `latest` file, or None when there is no complete checkpoint."""
+    latest = root / LATEST_FILE
+    if not latest.is_file():
+        return None
+    text = latest.read_text().strip()
+    if not text.isdigit():
+        raise ValueError(f"{latest}: expected a step number, found {text!r}")
+    path = step_dir(root, int(text))
+    if not (path / "trainer_state.json").is_file():
+        raise ValueError(f"{latest} names step {text} but {path} is missing or incomplete")
+    return path
+
+
+def save_checkpoint(
+    root: Path,
+    state: TrainingState,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    tokenizer: Any = None,
+    keep: int | None = None,
+) -> Path:
+    """Write step `state.step` atomically and make it the latest; then keep only the newest `keep` steps."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = step_dir(root, state.step)
+    tmp = root / f".tmp-{final.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_hf(model, tmp / "actor", tokenizer=tokenizer if hasattr(tokenizer, "save_pretrained") else None)
+    tensors, groups = _flatten_optimizer(optimizer)
+    save_file(tensors, tmp / "optimizer.safetensors")
+    save_file(_rng_tensors(), tmp / "rng.safetensors")
+    trainer_state = {
+        "step": state.step,
+        "scheduler": state.scheduler,
+        "train_loader": state.train_loader,
+        "val_loader": state.val_loader,
+        "extra": state.extra,
+        "optimizer_param_groups": groups,
+        "python_random": _python_rng_state(),
+        "numpy_random": _numpy_rng_state(),
+    }
+    (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=1) + "\n")
+    shutil.rmtree(final, ignore_errors=True)  # a step re-saved after a resume replaces its old copy
+    os.replace(tmp, final)
+    _write_atomically(root / LATEST_FILE, f"{state.step}\n")
+    if keep is not None:
+        prune_checkpoints(root, keep)
+    return final
+
+
+def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> TrainingState:
+    """Restore weights and optimizer in place and the global RNGs; returns the rest for the trainer to apply."""
+    path = Path(path)
+    trainer_state = json.loads((path / "trainer_state.json").read_text())
+    weights = _read_weights(path / "actor")
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name not in weights:
+                raise ValueError(f"checkpoint {path} has no tensor {name!r}; was it saved from another model?")
+            param.copy_(weights[name])
+    optimizer.load_state_dict(
+        _unflatten_optimizer(load_file(path / "optimizer.safetensors"), trainer_state["optimizer_param_groups"])
+    )
+    _restore_rngs(load_file(path / "rng.safetensors"), trainer_state)
+    return TrainingState(
+        step=trainer_state["step"],
+        scheduler=trainer_state["scheduler"],
+        train_loader=trainer_state["train_loader"],
+        val_loader=trainer_state["val_loader"],
+        extra=trainer_state["extra"],
+    )
+
+
+def prune_checkpoints(root: Path, keep: int) -> None:
+    steps = sorted(int(m.group(1)) for p in root.iterdir() if (m := STEP_DIR.match(p.name)))
+    for step in steps[:-keep]:
+        shutil.rmtree(step_dir(root, step))
+
+
+# -- pieces -----------------------------------------------------------------------------------------------------------
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".tmp-{path.name}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    weights: dict[str, torch.Tensor] = {}
+    for file in sorted(model_dir.glob("model*.safetensors")):
+        weights.update(load_file(file))
+    return weights
+
+
+def _flatten_optimizer(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
+    """Per-parameter state tensors as `state.<index>.<key>`; the param groups (hyper-parameters and parameter
+    indices) as JSON-ready dicts."""
+    sd = optimizer.state_dict()
+    tensors = {}
+    for index, per_param in sd["state"].items():
+        for key, value in per_param.items():
+            value = value if torch.is_tensor(value) else torch.tensor(value)
+            tensors[f"state.{index}.{key}"] = value.detach().cpu().contiguous()
+    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in sd["param_groups"]]
+    return tensors, groups
+
+
+def _unflatten_optimizer(tensors: dict[str, torch.Tensor], groups: list[dict[str, Any]]) -> dict[str, Any]:
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for name, value in tensors.items():
+        _, index, key = name.split(".", 2)
+        state.setdefault(int(index), {})[key] = value
+    param_groups = [{k: (tuple(v) if k == "betas" else v) for k, v in g.items()} for g in groups]
+    return {"state": state, "param_groups": param_groups}
+
+
+def _rng_tensors() -> dict[str, torch.Tensor]:
+    tensors = {"torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"torch_cuda_{i}"] = s
+    return tensors
+
+
+def _python_rng_state() -> list[Any]:
+    version, internal, gauss = random.getstate()
+    return [version, list(internal), gauss]
+
+
+def _numpy_rng_state() -> list[Any]:
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]
+
+
+def _restore_rngs(tensors: dict[str, torch.Tensor], trainer_state: dict[str, Any]) -> None:
+    torch.set_rng_state(tensors["torch_cpu"])
+    cuda_states = [tensors[k] for k in sorted(tensors) if k.startswith("torch_cuda_")]
+    if cuda_states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda_states[: torch.cuda.device_count()])
+    version, internal, gauss = trainer_state["python_random"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = trainer_state["numpy_random"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
