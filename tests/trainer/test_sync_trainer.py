@@ -45,6 +45,7 @@ def test_reward_rises_and_metrics_are_written(trainer_factory):
     assert lines[0]["actor/ppo_kl"] == 0.0  # one mini-batch, one epoch: the ratio is exactly 1
     assert all(line["actor/skipped_steps"] == 0 for line in lines)
     assert (trainer.run_dir / "config.yaml").read_text().startswith("data:")
+    assert (trainer.run_dir / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_several_mini_batches_epochs_and_token_budget(trainer_factory):

@@ -36,6 +36,7 @@ from nonstop.trainer.checkpoint import (
 )
 from nonstop.trainer.loggers import build_sinks
 from nonstop.trainer.metrics import MetricsLog, Timer, data_metrics, model_flops_metrics
+from nonstop.trainer.plots import plot_curves
 from nonstop.trainer.rollout_batch import RolloutBatch, Sample, generate_rollouts
 
 # Estimators that need only outcome scores and groups; gae needs a critic, which this loop does not train yet.
@@ -154,6 +155,7 @@ class SyncTrainer:
                 self._check_nonfinite(step, metrics)
         finally:
             self.log.close()
+        plot_curves(self.run_dir)
         return history
 
     def step(self, step: int) -> dict[str, float]:
