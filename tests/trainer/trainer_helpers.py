@@ -13,6 +13,7 @@ from nonstop.models import CausalLM, ModelConfig
 from nonstop.rewards import RewardPool
 from nonstop.rollout import LLM
 from nonstop.trainer import SyncTrainer
+from nonstop.trainer.build import build_engine
 
 TARGET_TOKEN = 7
 VOCAB = 32
@@ -74,9 +75,15 @@ def tiny_model(seed: int = 0) -> CausalLM:
 
 
 def make_trainer(
-    run_dir, overrides: tuple[str, ...] = (), seed: int = 0, validate: bool = False, engine_copy: bool = False
+    run_dir,
+    overrides: tuple[str, ...] = (),
+    seed: int = 0,
+    validate: bool = False,
+    engine_copy: bool = False,
+    device: str = "cpu",
 ) -> SyncTrainer:
-    """`engine_copy`: the engine gets its own copy of the weights (as on CUDA) instead of sharing the trainer's."""
+    """`engine_copy`: the engine gets its own copy of the weights (as on CUDA) instead of sharing the trainer's.
+    `device="cuda"`: the production CUDA path (`build_engine`: a bf16 engine copy; bf16 autocast updates)."""
     config = load_config(
         None,
         (
@@ -97,16 +104,19 @@ def make_trainer(
         ),
     )
     torch.manual_seed(seed)
-    model = tiny_model(seed)
+    model = tiny_model(seed).to(device)
     tokenizer = IdTokenizer()
-    llm = LLM(
-        copy.deepcopy(model) if engine_copy else model,
-        tokenizer=tokenizer,
-        device="cpu",
-        max_model_len=16,
-        num_kv_blocks=64,
-        seed=seed,
-    )
+    if device == "cuda":
+        llm = build_engine(config, model, tokenizer, torch.device(device))
+    else:
+        llm = LLM(
+            copy.deepcopy(model) if engine_copy else model,
+            tokenizer=tokenizer,
+            device="cpu",
+            max_model_len=16,
+            num_kv_blocks=64,
+            seed=seed,
+        )
     return SyncTrainer(
         config,
         model,
@@ -116,5 +126,6 @@ def make_trainer(
         RewardPool(seven_fraction, num_workers=0),
         val_loader=FixedPrompts(8, seed + 100, num_batches=1) if validate else None,
         ref_model=copy.deepcopy(model).requires_grad_(False) if config.actor_rollout_ref.actor.use_kl_loss else None,
+        compute_dtype=torch.bfloat16 if device == "cuda" else None,
         console=False,
     )

@@ -1,0 +1,54 @@
+"""The CUDA trainer path (GPU machine only): a bf16 engine copy refreshed in place by `update_weights`, the KV cache
+released during the update and re-taken for generation, bf16 autocast updates over fp32 master weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from trainer_helpers import make_trainer
+
+pytestmark = pytest.mark.gpu
+
+
+def test_cuda_trainer_learns_with_a_synced_bf16_engine(tmp_path):
+    trainer = make_trainer(
+        tmp_path / "run",
+        ("actor_rollout_ref.rollout.gpu_memory_utilization=0.05", "trainer.save_freq=4"),
+        device="cuda",
+    )
+    try:
+        engine_params = dict(trainer.llm.model.named_parameters())
+        addresses = {name: p.data_ptr() for name, p in engine_params.items()}
+        assert all(p.dtype == torch.bfloat16 for p in engine_params.values())
+        assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
+        history = trainer.fit()
+        scores = [m["critic/score/mean"] for m in history]
+        assert sum(scores[-3:]) / 3 > scores[0] + 0.3, scores
+        # The probe compares engine (bf16 weights, paged decode) with trainer (fp32 master, bf16 autocast).
+        diffs = [m["actor/sync_logprob_diff"] for m in history]
+        assert max(diffs) < 5e-2, diffs
+        assert {name: p.data_ptr() for name, p in trainer.llm.model.named_parameters()} == addresses
+        for name, p in trainer.model.named_parameters():  # the engine holds the trainer's final weights, rounded
+            torch.testing.assert_close(engine_params[name], p.detach().to(torch.bfloat16), atol=0, rtol=0)
+        assert not trainer.llm.llm_engine.model_runner.has_kv_cache  # released after the last generation
+        assert all(m["perf/max_memory_allocated_gb"] > 0 for m in history)
+        assert (trainer.run_dir / "checkpoints/global_step_8/actor/model.safetensors").is_file()
+    finally:
+        trainer.close()
+
+
+def test_cuda_resume_continues_from_the_checkpoint(tmp_path):
+    first = make_trainer(tmp_path / "run", ("trainer.total_training_steps=2", "trainer.save_freq=2"), device="cuda")
+    try:
+        first.fit()
+    finally:
+        first.close()
+    resumed = make_trainer(tmp_path / "run", ("trainer.total_training_steps=4", "trainer.save_freq=2"), device="cuda")
+    try:
+        history = resumed.fit()
+        assert [m["training/global_step"] for m in history] == [3.0, 4.0]
+        for name, p in resumed.model.named_parameters():  # resume synced the loaded weights into the engine
+            engine_p = dict(resumed.llm.model.named_parameters())[name]
+            torch.testing.assert_close(engine_p, p.detach().to(torch.bfloat16), atol=0, rtol=0)
+    finally:
+        resumed.close()
