@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nonstop.cli import bench, config_cmd, data_cmd, export_cmd, generate, train_cmd
+from nonstop.cli import bench, config_cmd, data_cmd, doctor, export_cmd, generate, train_cmd
 
-SUBCOMMANDS = (train_cmd, generate, config_cmd, data_cmd, export_cmd, bench)
+SUBCOMMANDS = (train_cmd, generate, config_cmd, data_cmd, export_cmd, bench, doctor)
 
 
 class CLIError(Exception):

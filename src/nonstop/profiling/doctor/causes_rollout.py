@@ -1,0 +1,136 @@
+"""Causes inside generation: the long tail of lengths, a KV cache too small for the batch, and host-side gaps
+between the engine's kernels."""
+
+from __future__ import annotations
+
+from nonstop.profiling.doctor.finding import CLEAR, FOUND, NO_DATA, Finding, pct, phase_efficiency
+from nonstop.profiling.doctor.run_data import RunData
+from nonstop.profiling.metric_names import (
+    ROLLOUT_KV_BLOCKED_FRAC,
+    ROLLOUT_NUM_PREEMPTIONS,
+    ROLLOUT_PREFILL_TOKENS,
+    ROLLOUT_PROMPT_TOKENS,
+    ROLLOUT_TAIL_BATCH_FILL,
+    ROLLOUT_TAIL_FRAC,
+)
+from nonstop.profiling.phases import timing_key
+
+GEN = timing_key("gen")
+# A tail step runs fewer than 1/4 of the peak sequences: without a measured fill, assume the middle of [0, 1/4).
+DEFAULT_TAIL_FILL = 0.125
+# With twice the KV blocks, requests held back by a full cache run two waves at a time: about half of the blocked
+# time comes back. A stated assumption, not a measurement; the evidence lines carry the measured parts.
+KV_RECOVERABLE = 0.5
+MAX_GPU_MEMORY_UTILIZATION = 0.9
+
+
+def _per_step(run: RunData, metric: str) -> list[tuple[float, float]]:
+    """(gen seconds, metric) for the steps that have both."""
+    return [(r[GEN], r[metric]) for r in run.steps if r.get(GEN) is not None and r.get(metric) is not None]
+
+
+def generation_long_tail(run: RunData) -> Finding:
+    f = Finding("generation_long_tail", "generation long tail", NO_DATA)
+    pairs = _per_step(run, ROLLOUT_TAIL_FRAC)
+    if not pairs:
+        f.missing = [m for m in (GEN, ROLLOUT_TAIL_FRAC) if not run.has(m)]
+        return f
+    fill = run.mean(ROLLOUT_TAIL_BATCH_FILL)
+    fill = DEFAULT_TAIL_FILL if fill is None else fill
+    tail_s = sum(gen * frac for gen, frac in pairs)
+    f.gpu_s_lost = tail_s * (1 - fill) * run.num_gpus
+    f.status = FOUND if tail_s > 0 else CLEAR
+    gen_s = sum(gen for gen, _ in pairs)
+    f.evidence.append(
+        f"{ROLLOUT_TAIL_FRAC}: {pct(tail_s / max(gen_s, 1e-9))} of generation time ran fewer than 1/4 of the peak "
+        f"sequences ({tail_s:.1f} s of {gen_s:.1f} s), batch filled {pct(fill)} of peak there"
+        + ("" if run.has(ROLLOUT_TAIL_BATCH_FILL) else " (assumed)")
+    )
+    mean, longest = run.mean("response_length/mean"), run.mean("response_length/max")
+    if mean and longest:
+        f.evidence.append(f"response_length/max {longest:.0f} vs mean {mean:.0f} tokens ({longest / mean:.1f}x)")
+    mode = run.cfg("trainer.mode", "sync")
+    if mode == "sync":
+        f.changes = [
+            "trainer.mode=one_step_off  (generation of step k+1 overlaps training of step k)",
+            "trainer.mode=async  (partial rollouts continue across weight updates: the tail never holds a step)",
+        ]
+    elif mode == "one_step_off":
+        f.changes = ["trainer.mode=async  (partial rollouts continue across weight updates)"]
+    else:
+        f.changes = [
+            f"data.max_response_length=<lower than {run.cfg('data.max_response_length', '?')}>  (already async)"
+        ]
+    return f
+
+
+def kv_cache_too_small(run: RunData) -> Finding:
+    f = Finding("kv_cache_too_small", "KV cache too small (preemptions, requests waiting for blocks)", NO_DATA)
+    blocked = _per_step(run, ROLLOUT_KV_BLOCKED_FRAC)
+    preemptions = run.total(ROLLOUT_NUM_PREEMPTIONS) if run.has(ROLLOUT_NUM_PREEMPTIONS) else None
+    if not blocked and preemptions is None:
+        f.missing = [ROLLOUT_KV_BLOCKED_FRAC, ROLLOUT_NUM_PREEMPTIONS]
+        return f
+    if blocked:
+        blocked_s = sum(gen * frac for gen, frac in blocked)
+        gen_s = sum(gen for gen, _ in blocked)
+        f.evidence.append(
+            f"{ROLLOUT_KV_BLOCKED_FRAC}: {pct(blocked_s / max(gen_s, 1e-9))} of generation time with requests "
+            f"held back or preempted for lack of KV blocks ({blocked_s:.1f} s)"
+        )
+    else:
+        # Only the count: each preempted sequence is recomputed, roughly one wave of the batch per batch-size worth.
+        samples = int(run.cfg("data.train_batch_size", 1)) * int(run.cfg("actor_rollout_ref.rollout.n", 1))
+        blocked_s = run.total(GEN) * min(1.0, preemptions / max(len(run.steps) * samples, 1))
+        f.missing = [ROLLOUT_KV_BLOCKED_FRAC]
+    if preemptions is not None:
+        f.evidence.append(f"{ROLLOUT_NUM_PREEMPTIONS}: {preemptions / len(run.steps):.0f} per step")
+    prompt, prefill = run.total(ROLLOUT_PROMPT_TOKENS), run.total(ROLLOUT_PREFILL_TOKENS)
+    if prompt > 0 and prefill > prompt:
+        f.evidence.append(f"prompt positions computed {prefill / prompt:.2f}x (recomputation after preemption)")
+    f.gpu_s_lost = blocked_s * KV_RECOVERABLE * run.num_gpus
+    f.status = FOUND if f.gpu_s_lost > 0 else CLEAR
+    current = float(run.cfg("actor_rollout_ref.rollout.gpu_memory_utilization", 0.5))
+    f.evidence.append(f"actor_rollout_ref.rollout.gpu_memory_utilization is {current:g}")
+    if current < MAX_GPU_MEMORY_UTILIZATION:
+        f.changes.append(
+            f"actor_rollout_ref.rollout.gpu_memory_utilization={min(MAX_GPU_MEMORY_UTILIZATION, current + 0.2):g}"
+        )
+    f.changes.append(
+        "free training memory for the cache: actor_rollout_ref.actor.use_dynamic_bsz=True with a smaller "
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
+    )
+    return f
+
+
+def generation_host_gaps(run: RunData) -> Finding:
+    f = Finding("generation_host_gaps", "host-side gaps between generation kernels", NO_DATA)
+    measured = phase_efficiency(run, "gen")
+    if measured is None or not run.has(GEN):
+        f.missing = [m for m in (GEN, "perf/gpu_util/gen") if not run.has(m)] + ["profile/summary.json"]
+        f.evidence.append("run with global_profiler.tool=torch global_profiler.steps=[2] to measure kernel gaps")
+        return f
+    busy, source = measured
+    gen_s = run.total(GEN)
+    f.gpu_s_lost = gen_s * (1 - busy) * run.num_gpus
+    f.status = FOUND if f.gpu_s_lost > 0 else CLEAR
+    f.evidence.append(f"GPU busy {pct(busy)} of generation time ({source})")
+    gaps = [g for t in (run.summary or {}).get("traces", []) for g in t.get("gaps", []) if g.get("phase") == "gen"]
+    if gaps:
+        f.evidence.append(
+            f"{len(gaps)} idle gaps >= 1 ms in generation on the profiled steps, "
+            f"{sum(g['length_ms'] for g in gaps):.0f} ms in all"
+        )
+        worst = max(gaps, key=lambda g: g["length_ms"])
+        hosts = ", ".join(worst["host_functions"]) or "no host event recorded"
+        f.evidence.append(f"longest: {worst['length_ms']:.1f} ms, host in: {hosts}")
+    if run.cfg("actor_rollout_ref.rollout.enforce_eager", False):
+        f.changes.append("actor_rollout_ref.rollout.enforce_eager=False  (decode under CUDA graphs)")
+    if run.cfg("actor_rollout_ref.rollout.cudagraph_capture_sizes") is not None:
+        f.changes.append("actor_rollout_ref.rollout.cudagraph_capture_sizes=null  (capture every batch size used)")
+    seqs = int(run.cfg("actor_rollout_ref.rollout.max_num_seqs", 256))
+    f.changes.append(
+        f"larger decode batches amortize host work: actor_rollout_ref.rollout.max_num_seqs={2 * seqs}, "
+        "a larger data.train_batch_size, or trainer.mode=async"
+    )
+    return f

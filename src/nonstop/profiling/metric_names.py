@@ -1,0 +1,42 @@
+"""The per-step metrics `nonstop doctor` reads from `metrics.jsonl` besides `timing_s/*`, with their definitions.
+
+Each is summed (counts, seconds) or time-weighted (fractions) over every `generate` / update call of one training
+step, the weight-sync probe excluded. The doctor treats a missing metric as missing evidence ("no data"), never as 0.
+"""
+
+from __future__ import annotations
+
+# Rollout engine (from the scheduler over the step's generation; SchedulerStats deltas where one exists).
+ROLLOUT_NUM_PREEMPTIONS = "rollout/num_preemptions"  # sequences preempted by recomputation (KV blocks ran out)
+# Fraction of engine model-step wall time (prefill + decode) in steps where the scheduler preempted a sequence or
+# left a waiting request unadmitted because free KV blocks were short (not max_num_seqs, not the token budget).
+ROLLOUT_KV_BLOCKED_FRAC = "rollout/kv_blocked_frac"
+# Fraction of engine model-step wall time in steps whose running sequences (a group's n samples counted n times)
+# were fewer than 1/4 of the peak number running at any point of the same generate call: the long tail.
+ROLLOUT_TAIL_FRAC = "rollout/tail_frac"
+# Over those tail steps, time-weighted mean of running / peak (in [0, 0.25)); optional, the doctor assumes 0.125.
+ROLLOUT_TAIL_BATCH_FILL = "rollout/tail_batch_fill"
+ROLLOUT_PROMPT_TOKENS = "rollout/prompt_tokens"  # prompt tokens of the requests (each prompt once, whatever n)
+ROLLOUT_PREFILL_TOKENS = "rollout/prefill_tokens"  # prompt-position tokens computed, recomputation included
+ROLLOUT_GENERATED_TOKENS = "rollout/generated_tokens"  # tokens sampled
+
+# Training update (the actor; old-log-prob and reference passes reuse its micro-batching).
+ACTOR_NUM_MICRO_BATCHES = "actor/num_micro_batches"  # forward+backward micro-batches, all mini-batches and epochs
+ACTOR_MICRO_BATCH_TOKENS = "actor/micro_batch_tokens_mean"  # real (non-pad) tokens per micro-batch, mean
+ACTOR_PAD_FRAC = "actor/pad_frac"  # padded positions / computed positions in the update forwards (0 when packed)
+
+# Already emitted elsewhere and read too: reward/busy_s, reward/wall_s, reward/num_scored, reward/timeouts
+# (rewards/pool.py), prompt_length/mean, response_length/mean|max (trainer/metrics.py), perf/gpu_util/<phase>
+# (profiling/attribution.py).
+NEW_METRICS = (
+    ROLLOUT_NUM_PREEMPTIONS,
+    ROLLOUT_KV_BLOCKED_FRAC,
+    ROLLOUT_TAIL_FRAC,
+    ROLLOUT_TAIL_BATCH_FILL,
+    ROLLOUT_PROMPT_TOKENS,
+    ROLLOUT_PREFILL_TOKENS,
+    ROLLOUT_GENERATED_TOKENS,
+    ACTOR_NUM_MICRO_BATCHES,
+    ACTOR_MICRO_BATCH_TOKENS,
+    ACTOR_PAD_FRAC,
+)

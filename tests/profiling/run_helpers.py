@@ -1,0 +1,78 @@
+"""Synthetic run directories for doctor tests: a healthy baseline with one bottleneck planted on top."""
+
+import json
+from pathlib import Path
+
+import yaml
+
+NUM_STEPS = 5
+
+BASE_CONFIG = {
+    "trainer.mode": "sync",
+    "trainer.nnodes": 1,
+    "trainer.n_gpus_per_node": 1,
+    "data.train_batch_size": 64,
+    "data.max_prompt_length": 512,
+    "data.max_response_length": 1024,
+    "actor_rollout_ref.rollout.n": 1,
+    "actor_rollout_ref.rollout.gpu_memory_utilization": 0.5,
+    "actor_rollout_ref.rollout.max_num_seqs": 256,
+    "actor_rollout_ref.rollout.enforce_eager": False,
+    "actor_rollout_ref.actor.ppo_mini_batch_size": 64,
+    "actor_rollout_ref.actor.use_dynamic_bsz": True,
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 16384,
+    "actor_rollout_ref.actor.use_kl_loss": False,
+    "reward_model.num_workers": 4,
+    "reward_model.timeout_s": 10.0,
+}
+
+# Healthy per-step costs: tail 6 x 0.05 x (1 - 0.125) = 0.26 s, reward wait 0.2 s, weight sync 0.3 s.
+BASE_METRICS = {
+    "timing_s/step": 10.0,
+    "timing_s/data": 0.05,
+    "timing_s/gen": 6.0,
+    "timing_s/reward": 0.2,
+    "timing_s/old_log_prob": 0.0,
+    "timing_s/ref": 0.0,
+    "timing_s/adv": 0.05,
+    "timing_s/update_actor": 3.0,
+    "timing_s/update_weights": 0.3,
+    "rollout/tail_frac": 0.05,
+    "rollout/kv_blocked_frac": 0.0,
+    "rollout/num_preemptions": 0.0,
+    "rollout/prompt_tokens": 6400.0,
+    "rollout/prefill_tokens": 6400.0,
+    "actor/micro_batch_tokens_mean": 12000.0,
+    "actor/num_micro_batches": 4.0,
+    "actor/pad_frac": 0.0,
+    "prompt_length/mean": 100.0,
+    "response_length/mean": 300.0,
+    "response_length/max": 600.0,
+    "reward/busy_s": 3.0,
+    "reward/wall_s": 5.0,
+    "reward/num_scored": 64.0,
+    "reward/timeouts": 0.0,
+}
+
+
+def nested(dotted: dict) -> dict:
+    tree: dict = {}
+    for key, value in dotted.items():
+        node = tree
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return tree
+
+
+def write_run(run_dir: Path, config: dict | None = None, metrics: dict | None = None, summary=None) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(nested({**BASE_CONFIG, **(config or {})})))
+    rows = [{"step": 0, "val/test/score": 0.1}]  # a validation row before training: not a training step
+    rows += [{"step": s, **BASE_METRICS, **(metrics or {})} for s in range(1, NUM_STEPS + 1)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if summary is not None:
+        (run_dir / "profile").mkdir(exist_ok=True)
+        (run_dir / "profile" / "summary.json").write_text(json.dumps(summary))
+    return run_dir

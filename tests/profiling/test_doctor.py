@@ -1,0 +1,187 @@
+"""Planted bottlenecks: on a healthy baseline run, one cause is made dominant and the doctor must rank it first,
+with the GPU-seconds its estimate defines (hand-computed here) and the configuration change for it."""
+
+import pytest
+from run_helpers import NUM_STEPS, write_run
+
+from nonstop.profiling.doctor import RunDirError, diagnose, format_report, load_run
+
+
+def ranked(run_dir):
+    return diagnose(load_run(run_dir)).ranked()
+
+
+def test_healthy_baseline_has_only_minor_causes(tmp_path):
+    report = diagnose(load_run(write_run(tmp_path)))
+    assert report.gpu_seconds == pytest.approx(10.0 * NUM_STEPS)
+    top = report.ranked()[0]
+    assert top.cause == "weight_sync" and top.gpu_s_lost == pytest.approx(0.3 * NUM_STEPS)
+    assert "tiny_micro_batches" not in [f.cause for f in report.ranked()]
+    assert "kv_cache_too_small" not in [f.cause for f in report.ranked()]
+
+
+def test_slow_reward_ranks_first_with_more_workers(tmp_path):
+    metrics = {"timing_s/step": 16.0, "timing_s/reward": 6.0, "reward/busy_s": 40.0, "reward/wall_s": 12.0}
+    first = ranked(write_run(tmp_path, metrics=metrics))[0]
+    assert first.cause == "reward_on_critical_path"
+    assert first.gpu_s_lost == pytest.approx(6.0 * NUM_STEPS)
+    assert any("busy 83%" in e for e in first.evidence)  # 40 / (12 x 4 workers)
+    assert first.changes[0].startswith("reward_model.num_workers=8")
+
+
+def test_slow_reward_with_idle_workers_asks_for_a_faster_scorer(tmp_path):
+    metrics = {"timing_s/reward": 6.0, "reward/busy_s": 2.0, "reward/wall_s": 12.0}
+    first = ranked(write_run(tmp_path, metrics=metrics))[0]
+    assert first.cause == "reward_on_critical_path" and "faster" in first.changes[0]
+
+
+def test_tiny_kv_budget_ranks_first_with_more_gpu_memory(tmp_path):
+    config = {"actor_rollout_ref.rollout.gpu_memory_utilization": 0.3}
+    metrics = {
+        "timing_s/step": 18.0,
+        "timing_s/gen": 14.0,
+        "rollout/kv_blocked_frac": 0.6,
+        "rollout/num_preemptions": 250.0,
+        "rollout/prefill_tokens": 9600.0,
+    }
+    first = ranked(write_run(tmp_path, config, metrics))[0]
+    assert first.cause == "kv_cache_too_small"
+    assert first.gpu_s_lost == pytest.approx(14.0 * 0.6 * 0.5 * NUM_STEPS)
+    assert "actor_rollout_ref.rollout.gpu_memory_utilization=0.5" in first.changes
+    assert any("1.50x" in e for e in first.evidence) and any("250 per step" in e for e in first.evidence)
+
+
+def test_preemption_count_alone_still_flags_the_kv_cache(tmp_path):
+    metrics = {"timing_s/gen": 14.0, "rollout/kv_blocked_frac": None, "rollout/num_preemptions": 32.0}
+    finding = next(f for f in ranked(write_run(tmp_path, metrics=metrics)) if f.cause == "kv_cache_too_small")
+    assert finding.gpu_s_lost == pytest.approx(14.0 * NUM_STEPS * (32 * NUM_STEPS) / (NUM_STEPS * 64) * 0.5)
+    assert finding.missing == ["rollout/kv_blocked_frac"]
+
+
+def test_tiny_token_budget_ranks_first_with_a_larger_budget(tmp_path):
+    config = {"actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 512}
+    metrics = {
+        "timing_s/step": 16.0,
+        "timing_s/update_actor": 9.0,
+        "actor/micro_batch_tokens_mean": 400.0,
+        "actor/num_micro_batches": 64.0,
+    }
+    first = ranked(write_run(tmp_path, config, metrics))[0]
+    assert first.cause == "tiny_micro_batches"
+    assert first.gpu_s_lost == pytest.approx(9.0 * (1 - 400 / 4096) * NUM_STEPS)
+    assert first.changes == ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384"]
+
+
+def test_tiny_micro_batches_derived_from_config_when_not_measured(tmp_path):
+    # Fixed micro-batches of 2 samples x (100 + 300) tokens = 800 tokens, no dynamic batch size.
+    config = {
+        "actor_rollout_ref.actor.use_dynamic_bsz": False,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2,
+    }
+    metrics = {"timing_s/update_actor": 8.0, "actor/micro_batch_tokens_mean": None, "actor/num_micro_batches": None}
+    first = ranked(write_run(tmp_path, config, metrics))[0]
+    assert first.cause == "tiny_micro_batches"
+    assert first.gpu_s_lost == pytest.approx(8.0 * (1 - 800 / 4096) * NUM_STEPS)
+    assert first.changes[0].startswith("actor_rollout_ref.actor.use_dynamic_bsz=True")
+
+
+def test_long_tail_ranks_first_with_overlapped_modes(tmp_path):
+    metrics = {
+        "timing_s/step": 16.0,
+        "timing_s/gen": 12.0,
+        "rollout/tail_frac": 0.7,
+        "rollout/tail_batch_fill": 0.1,
+        "response_length/max": 4000.0,
+        "response_length/mean": 400.0,
+    }
+    first = ranked(write_run(tmp_path, metrics=metrics))[0]
+    assert first.cause == "generation_long_tail"
+    assert first.gpu_s_lost == pytest.approx(12.0 * 0.7 * 0.9 * NUM_STEPS)
+    assert first.changes[0].startswith("trainer.mode=one_step_off") and first.changes[1].startswith(
+        "trainer.mode=async"
+    )
+    one_step_off = ranked(write_run(tmp_path / "b", {"trainer.mode": "one_step_off"}, metrics))[0]
+    assert [c.split()[0] for c in one_step_off.changes] == ["trainer.mode=async"]
+
+
+def test_group_samples_with_long_prompts_rank_shared_prompts_first(tmp_path):
+    config = {"actor_rollout_ref.rollout.n": 8}
+    metrics = {
+        "timing_s/step": 13.0,
+        "timing_s/update_actor": 6.0,
+        "prompt_length/mean": 2000.0,
+        "response_length/mean": 200.0,
+        "response_length/max": 400.0,
+    }
+    first = ranked(write_run(tmp_path, config, metrics))[0]
+    assert first.cause == "shared_prompts_recomputed"
+    assert first.gpu_s_lost == pytest.approx(6.0 * (7 * 2000) / (8 * 2200) * NUM_STEPS)
+    assert "prefix grouping" in first.changes[0]
+    single = [f.cause for f in ranked(write_run(tmp_path / "n1", None, metrics))]
+    assert "shared_prompts_recomputed" not in single
+
+
+def test_gpus_multiply_the_cost(tmp_path):
+    metrics = {"timing_s/reward": 6.0}
+    first = ranked(write_run(tmp_path, {"trainer.n_gpus_per_node": 4}, metrics))[0]
+    assert first.gpu_s_lost == pytest.approx(6.0 * NUM_STEPS * 4)
+
+
+def test_generation_gaps_from_the_kernel_trace(tmp_path):
+    gap = {"start_ms": 5.0, "length_ms": 30.0, "phase": "gen", "host_functions": ["cudaStreamSynchronize"]}
+    trace = {
+        "step": 2,
+        "wall_ms": 10000.0,
+        "busy_ms": 5000.0,
+        "phases": {"gen": {"wall_ms": 6000.0, "busy_ms": 2400.0, "busy_frac": 0.4}},
+        "gaps": [gap],
+    }
+    run = write_run(tmp_path, {"actor_rollout_ref.rollout.enforce_eager": True}, summary={"traces": [trace]})
+    report = diagnose(load_run(run))
+    first = report.ranked()[0]
+    assert first.cause == "generation_host_gaps"
+    assert first.gpu_s_lost == pytest.approx(6.0 * 0.6 * NUM_STEPS)
+    assert first.changes[0].startswith("actor_rollout_ref.rollout.enforce_eager=False")
+    assert any("cudaStreamSynchronize" in e for e in first.evidence)
+    assert report.kernel_busy_frac() == pytest.approx(0.5)
+    assert "kernel-busy 50% on profiled steps [2]" in format_report(report)
+
+
+def test_reference_pass_without_a_kl_term_is_flagged(tmp_path):
+    config = {"actor_rollout_ref.actor.use_kl_loss": True, "actor_rollout_ref.actor.kl_loss_coef": 0.0}
+    finding = next(f for f in ranked(write_run(tmp_path, config, {"timing_s/ref": 2.0})) if f.cause == "reference_pass")
+    assert finding.gpu_s_lost == pytest.approx(2.0 * NUM_STEPS)
+    assert finding.changes == ["actor_rollout_ref.actor.use_kl_loss=False"]
+    used = {"actor_rollout_ref.actor.use_kl_loss": True, "actor_rollout_ref.actor.kl_loss_coef": 0.001}
+    assert "reference_pass" not in [f.cause for f in ranked(write_run(tmp_path / "b", used, {"timing_s/ref": 2.0}))]
+
+
+def test_missing_rollout_metrics_are_reported_as_missing_not_as_zero(tmp_path):
+    metrics = {"rollout/tail_frac": None, "rollout/kv_blocked_frac": None, "rollout/num_preemptions": None}
+    report = diagnose(load_run(write_run(tmp_path, metrics=metrics)))
+    by_cause = {f.cause: f for f in report.findings}
+    assert by_cause["generation_long_tail"].status == "no_data"
+    assert by_cause["generation_long_tail"].missing == ["rollout/tail_frac"]
+    assert by_cause["kv_cache_too_small"].status == "no_data"
+    text = format_report(report)
+    assert "generation long tail: rollout/tail_frac" in text
+
+
+def test_unreadable_run_dirs(tmp_path):
+    with pytest.raises(RunDirError, match="not a directory"):
+        load_run(tmp_path / "absent")
+    with pytest.raises(RunDirError, match="no metrics.jsonl"):
+        load_run(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{broken\n{"step": 2}\n')
+    with pytest.raises(RunDirError, match=r"metrics.jsonl:2: not valid JSON"):
+        load_run(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "timing_s/step": 1.0}\n{"step": 2, "timing')  # killed mid-line
+    assert len(load_run(tmp_path).steps) == 1
+    (tmp_path / "config.yaml").write_text("a: [unclosed\n")
+    with pytest.raises(RunDirError, match="config.yaml: unreadable"):
+        load_run(tmp_path)
+
+
+def test_empty_run_reports_nothing_to_diagnose(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "val/test/score": 0.5}\n')
+    assert "no training step" in format_report(diagnose(load_run(tmp_path)))
