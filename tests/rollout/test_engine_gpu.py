@@ -109,3 +109,69 @@ def test_update_weights_keeps_graphs_valid():
     llm.update_weights(other.named_parameters())
     expected = greedy_tokens(LLM(other, enforce_eager=True, num_kv_blocks=256), prompts)
     assert greedy_tokens(llm, prompts) == expected
+
+
+def async_vs_sync_params(model, prompts, **engine_kwargs) -> list[list[SamplingParams]]:
+    """Two workloads whose stop ids really fire (taken from a free run): one the fused Triton sampler takes (no
+    top-k / top-p in the batch), one the reference sampler takes; min_tokens and n > 1 in both."""
+    free = SamplingParams(temperature=1.0, max_tokens=24, seed=0, ignore_eos=True)
+    outs = LLM(model, async_scheduling=False, **engine_kwargs).generate(prompts, [free] * len(prompts))
+    stops = sorted({o.outputs[0].token_ids[3] for o in outs[::2]})
+    triton = [
+        SamplingParams(temperature=1.0, max_tokens=4 + 5 * i, min_tokens=2 * (i % 2), stop_token_ids=stops,
+                       n=3 if i % 3 == 0 else 1, seed=i)
+        for i in range(len(prompts))
+    ]  # fmt: skip
+    reference = [SamplingParams(**{**vars(p), "top_k": 50, "top_p": 0.95}) for p in triton]
+    return [triton, reference]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tight", [False, True], ids=["roomy", "preempting"])
+def test_async_scheduling_equals_sync_under_cuda_graphs(tight):
+    # fp32, so the two engines' different batch shapes (graph buckets) cannot flip a token; log-probs within 1e-4.
+    _, model = cuda_model(dtype=torch.float32)
+    prompts = random_prompts(LENGTHS, vocab=MEDIUM["vocab_size"])
+    kwargs = dict(num_kv_blocks=40, block_size=16, max_num_batched_tokens=64) if tight else dict(num_kv_blocks=256)
+    for params in async_vs_sync_params(model, prompts, max_num_seqs=40, **kwargs):
+        sync = LLM(model, async_scheduling=False, max_num_seqs=40, **kwargs)
+        expected = [c for o in sync.generate(prompts, params) for c in o.outputs]
+        llm = LLM(model, max_num_seqs=40, **kwargs)
+        got = [c for o in llm.generate(prompts, params) for c in o.outputs]
+        engine = llm.llm_engine
+        assert engine.model_runner.graphs.graphs and engine.in_flight is None
+        assert [c.token_ids for c in got] == [c.token_ids for c in expected]
+        assert [c.finish_reason for c in got] == [c.finish_reason for c in expected]
+        assert "stop" in {c.finish_reason for c in got} and llm.stats.num_discarded_tokens > 0
+        for g, e in zip(got, expected, strict=True):
+            assert g.logprobs == pytest.approx(e.logprobs, abs=1e-4)
+        if tight:
+            assert llm.stats.num_preemptions > 0
+        assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+@pytest.mark.gpu
+def test_async_decode_launch_never_waits_for_the_device():
+    # The point of async scheduling: a decode step is queued without any host sync (CUDA's sync debug mode raises on
+    # one), so the host builds step k+1 while the device runs step k.
+    _, model = cuda_model()
+    llm = LLM(model, num_kv_blocks=256, max_num_seqs=40)
+    runner = llm.llm_engine.model_runner
+    launch, checked = runner.launch, []
+
+    def checked_launch(batch):
+        if runner.graphs.captured and all(n == 1 for n in batch.num_new_tokens):
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                sampled = launch(batch)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            checked.append(len(batch.seqs))
+            return sampled
+        return launch(batch)
+
+    runner.launch = checked_launch
+    params = SamplingParams(temperature=1.0, max_tokens=32, seed=1, ignore_eos=True)
+    got = llm.generate(random_prompts(LENGTHS, vocab=MEDIUM["vocab_size"]), params)
+    assert len(checked) > 20
+    assert all(len(o.outputs[0].token_ids) == 32 for o in got)

@@ -2,6 +2,7 @@
 against a plain per-token rebuild from each sequence's own block table on every step of a run that preempts, forks,
 prefix-caches, chunks prefills and aborts."""
 
+import pytest
 from rollout_helpers import make_pair, random_prompts
 
 from nonstop.rollout import LLMEngine, SamplingParams
@@ -14,10 +15,10 @@ def slot(seq, p, B):
 
 def checked_engine(**args) -> tuple[LLMEngine, list[int]]:
     """An engine whose every step asserts the fast-path metadata equals the plain rebuild; also counts the decode
-    rows it checked."""
+    rows it checked, and those whose input was a placeholder read from the previous step's samples."""
     _, model = make_pair("llama", seed=3)
     engine = LLMEngine(model, EngineArgs(**args))
-    runner, checked = engine.model_runner, [0]
+    runner, checked = engine.model_runner, [0, 0]
     sync, prepare = runner.rows.sync, runner._prepare
 
     def checked_sync(seqs):
@@ -37,7 +38,10 @@ def checked_engine(**args) -> tuple[LLMEngine, list[int]]:
         prefill = [(s, n) for s, n in zip(batch.seqs, batch.num_new_tokens, strict=True) if n > 1]
         D = len(decode)
         assert plan.num_decode == D and plan.num_prefill_tokens == sum(n for _, n in prefill)
-        assert host["input_ids"][:D].tolist() == [s.token_ids[s.num_cached_tokens] for s in decode]
+        tokens = [s.token_ids[s.num_cached_tokens] for s in decode]
+        # A pending token (async scheduling) is a placeholder naming the previous step's sample row.
+        assert host["input_ids"][:D].tolist() == [max(t, 0) for t in tokens]
+        assert host["prev_row"][:D].tolist() == [-1 - t if t < 0 else -1 for t in tokens]
         assert host["positions"][:D].tolist() == [s.num_cached_tokens for s in decode]
         assert host["slot_mapping"][:D].tolist() == [slot(s, s.num_cached_tokens, B) for s in decode]
         assert host["context_lens"][:D].tolist() == [s.num_cached_tokens + 1 for s in decode]
@@ -52,16 +56,20 @@ def checked_engine(**args) -> tuple[LLMEngine, list[int]]:
                 t for (s, n), a in zip(prefill, starts, strict=True) for t in s.token_ids[a : a + n]
             ]
         checked[0] += D
+        checked[1] += sum(t < 0 for t in tokens)
         return plan
 
     runner.rows.sync, runner._prepare = checked_sync, checked_prepare
     return engine, checked
 
 
-def test_persistent_rows_stay_exact_through_preemption_forks_prefix_hits_and_abort():
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_persistent_rows_stay_exact_through_preemption_forks_prefix_hits_and_abort(async_scheduling):
     # 24 blocks of 4 tokens for requests of up to 52 tokens (some n=3): preemption is certain, and late long
     # prompts take over rows that shorter sequences held.
-    engine, checked = checked_engine(block_size=4, num_kv_blocks=24, max_num_seqs=8, max_num_batched_tokens=24)
+    engine, checked = checked_engine(
+        block_size=4, num_kv_blocks=24, max_num_seqs=8, max_num_batched_tokens=24, async_scheduling=async_scheduling
+    )
     prompts = random_prompts([9, 13, 5, 17, 9, 6, 40, 3, 33], seed=2)
     prompts[4] = prompts[0][:8] + prompts[4][8:]  # a shared full-block prefix
     for i, prompt in enumerate(prompts):
@@ -77,3 +85,4 @@ def test_persistent_rows_stay_exact_through_preemption_forks_prefix_hits_and_abo
     assert not engine.has_unfinished_requests()
     stats = engine.stats
     assert stats.num_preemptions > 0 and stats.num_cached_tokens > 0 and checked[0] > 0
+    assert (checked[1] > 0) == async_scheduling

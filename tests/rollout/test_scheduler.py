@@ -83,3 +83,34 @@ def test_never_fitting_request_is_refused():
         s.add(request("big", 10, max_tokens=10))
     with pytest.raises(ValueError, match="n=9 exceeds max_num_seqs=8"):
         make(num_blocks=32).add(request("wide", 2, n=9))
+
+
+def test_async_bookkeeping_drops_the_token_computed_past_a_late_seen_stop():
+    # Step 2 is scheduled and launched before step 1's token (a stop) is known: it computes one token too many.
+    s = make(max_num_batched_tokens=64)
+    seq = request("a", 3, max_tokens=8, stop_token_ids=[9])
+    s.add(seq)
+    first = s.advance(s.schedule())  # prefill; samples output 0
+    assert seq.token_ids[-1] < 0 and seq.num_known_tokens == 3
+    second = s.advance(s.schedule())  # decodes the pending token, samples output 1
+    assert seq.num_tokens == 5 and seq.num_cached_tokens == 4
+    assert s.update(first.sampled, [9], [-0.5]) == [seq]
+    assert seq.output_token_ids == [9] and seq.output_logprobs == [-0.5] and seq.finish_reason == "stop"
+    assert not s.running and s.block_manager.num_free_blocks == s.block_manager.num_blocks
+    assert s.update(second.sampled, [4], [-1.0]) == []
+    assert seq.output_token_ids == [9] and s.stats.num_discarded_tokens == 1 and s.stats.num_generated_tokens == 1
+
+
+def test_async_bookkeeping_stops_scheduling_at_max_tokens_and_hashes_blocks_once_values_are_known():
+    s = make(block_size=4, max_num_batched_tokens=64)
+    seq = request("a", 3, max_tokens=2)
+    s.add(seq)
+    first = s.advance(s.schedule())  # positions 0-2; samples output 0 (token index 3)
+    batch = s.schedule()  # computes index 3, whose value is pending: block 0 fills but cannot be hashed yet
+    assert batch.num_new_tokens == [1] and seq.block_hashes == []
+    second = s.advance(batch)
+    s.update(first.sampled, [5], [-1.0])
+    assert len(seq.block_hashes) == 1  # hashed now that token 3 is known
+    assert s.schedule().seqs == []  # output 1 is pending and is the last: nothing left to compute
+    assert s.update(second.sampled, [6], [-1.0]) == [seq] and seq.finish_reason == "length"
+    assert seq.output_token_ids == [5, 6]

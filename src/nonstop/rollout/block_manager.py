@@ -76,11 +76,12 @@ class BlockManager:
         self.cache_epoch += 1
 
     def _register_full_blocks(self, seq: Sequence, num_computed_tokens: int) -> None:
-        """Give a hash to every block that is full once `num_computed_tokens` tokens have KV."""
+        """Give a hash to every block that is full once `num_computed_tokens` tokens have KV. A block holding a token
+        still being sampled (async scheduling) waits: `register_computed` hashes it once the value is known."""
         if not self.enable_prefix_caching or seq.cache_epoch != self.cache_epoch:
             return
         B = self.block_size
-        for i in range(len(seq.block_hashes), num_computed_tokens // B):
+        for i in range(len(seq.block_hashes), min(num_computed_tokens, seq.num_known_tokens) // B):
             tokens = seq.token_ids[i * B : (i + 1) * B]
             h = block_hash(seq.block_hashes[-1] if seq.block_hashes else -1, tokens)
             seq.block_hashes.append(h)
@@ -88,6 +89,11 @@ class BlockManager:
             if block.hash is None and h not in self.hash_to_block_id:
                 block.hash, block.token_ids = h, tokens
                 self.hash_to_block_id[h] = block.block_id
+
+    def register_computed(self, seq: Sequence) -> None:
+        """Hash the blocks that filled up while their last token's value was pending (async scheduling)."""
+        if seq.num_cached_tokens // self.block_size > len(seq.block_hashes):
+            self._register_full_blocks(seq, seq.num_cached_tokens)
 
     # -- allocation -------------------------------------------------------------------------------------------------
 

@@ -57,6 +57,7 @@ class DecodeGraphs:
         b, largest = r.buffers.dev, self.batch_sizes[-1]
         # Capture-time inputs: every row a padding row, so the warm-ups and captures write only the scratch block.
         b["input_ids"][:largest].zero_()
+        b["prev_row"][:largest].fill_(-1)
         b["positions"][:largest].zero_()
         b["slot_mapping"][:largest].fill_(r.scratch_block * r.block_size)
         b["context_lens"][:largest].fill_(1)
@@ -70,12 +71,14 @@ class DecodeGraphs:
                 block_tables_NM=b["block_tables"][:bucket], context_lens_N=b["context_lens"][:bucket],
             )  # fmt: skip
             backend = PagedAttention(r.k_caches, r.v_caches, md)
-            ids, positions = b["input_ids"][:bucket], b["positions"][:bucket]
-            r.model(ids, positions, backend)  # warm-up: Triton autotuning and lazy inits happen outside capture
+            positions = b["positions"][:bucket]
+            # warm-up: Triton autotuning and lazy inits happen outside capture
+            r.model(r.decode_input_ids(bucket), positions, backend)
             torch.cuda.synchronize(dev)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
-                self.hidden_ND[:bucket] = r.model(ids, positions, backend)
+                # The input-id gather is captured too: a replay reads the previous step's samples on the device.
+                self.hidden_ND[:bucket] = r.model(r.decode_input_ids(bucket), positions, backend)
             if self.pool is None:
                 self.pool = graph.pool()
             self.graphs[bucket] = graph

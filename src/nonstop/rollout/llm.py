@@ -37,13 +37,15 @@ class LLM:
         num_kv_blocks: int | None = None,
         enforce_eager: bool = False,
         enable_prefix_caching: bool = True,
+        async_scheduling: bool = True,
         seed: int = 0,
     ):
         """`model` is a checkpoint path (HF directory or .gguf, loaded with its tokenizer) or a `CausalLM`, used as
         is: its parameters are the engine's (moved to `device` / cast to `dtype` in place only if those are given).
         `device=None` picks CUDA when available; `dtype=None` keeps a given model's dtype and loads paths in bf16 on
         GPU, fp32 on CPU. `num_kv_blocks` overrides the KV cache size (else sized from `gpu_memory_utilization` on
-        GPU, a fixed budget on CPU)."""
+        GPU, a fixed budget on CPU). `async_scheduling` overlaps each step's host work with the next step on the device
+        (same tokens and log-probs as the synchronous engine, see llm_engine.py)."""
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
         if isinstance(model, str):
@@ -64,6 +66,7 @@ class LLM:
             gpu_memory_utilization=gpu_memory_utilization,
             enforce_eager=enforce_eager,
             enable_prefix_caching=enable_prefix_caching,
+            async_scheduling=async_scheduling,
             seed=seed,
         )
         self.llm_engine = LLMEngine(model, args, tokenizer)

@@ -1,4 +1,12 @@
-"""The engine loop: requests in, one scheduled model step at a time, finished requests out."""
+"""The engine loop: requests in, one scheduled model step at a time, finished requests out.
+
+Async scheduling (the default): `step` schedules and launches step k+1 BEFORE it reads step k's sampled tokens, then
+does step k's host work (append, stop checks, finishing, freeing blocks) while the device runs step k+1. The device
+never waits for Python between decode steps. What the lag costs: stop / EOS checks see a token one step late, so a
+sequence that ended at step k computes one discarded token in step k+1 (see scheduler.py), and newly freed blocks
+and admissions wait one step. Sampling does not change: a token's noise depends only on its seed, sample index and
+position, all known from lengths, so the async and synchronous engines draw the same tokens with the same log-probs.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +17,7 @@ from dataclasses import dataclass, field
 
 from nonstop.models.transformer import CausalLM
 from nonstop.rollout.block_manager import BlockManager
-from nonstop.rollout.model_runner import ModelRunner
+from nonstop.rollout.model_runner import ModelRunner, SampledStep
 from nonstop.rollout.outputs import CompletionOutput, RequestOutput
 from nonstop.rollout.sampling_params import SamplingParams
 from nonstop.rollout.scheduler import Scheduler, SchedulerStats
@@ -26,6 +34,9 @@ class EngineArgs:
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False
     enable_prefix_caching: bool = True
+    # Overlap each step's host work with the next step on the device (module docstring). False: the synchronous
+    # engine, which reads every step's tokens before scheduling the next.
+    async_scheduling: bool = True
     seed: int = 0
 
     def __post_init__(self):
@@ -51,6 +62,14 @@ class _Request:
         return len(self.seqs) == self.n and all(s.is_finished for s in self.seqs)
 
 
+@dataclass
+class _InFlight:
+    """A launched step whose sampled tokens the host has not processed yet."""
+
+    sampled: SampledStep
+    rows: list[tuple[Sequence, int]]  # per sample row: the sequence and the index of its placeholder
+
+
 class LLMEngine:
     def __init__(self, model: CausalLM, args: EngineArgs, tokenizer=None):
         self.model, self.args, self.tokenizer = model, args, tokenizer
@@ -72,6 +91,9 @@ class LLMEngine:
         # Seeds for requests that bring none: drawn in admission order, so a whole run reproduces from `args.seed`.
         self.rng = random.Random(args.seed)
         self.requests: dict[str, _Request] = {}
+        self.in_flight: _InFlight | None = None
+        # Requests that finished while `abort_request` drained the step in flight: returned by the next `step`.
+        self.ready: list[RequestOutput] = []
 
     @property
     def stats(self) -> SchedulerStats:
@@ -134,41 +156,73 @@ class LLMEngine:
         self.scheduler.stats.num_prompt_tokens += len(prompt_token_ids)
 
     def step(self) -> list[RequestOutput]:
-        """One model step; returns the requests that finished in it."""
+        """One model step; returns the requests that finished. Async: launches a step, then processes the one
+        launched by the previous call, so a request is returned one call after the step that finished it."""
         if not self.model_runner.has_kv_cache:
             raise RuntimeError("the KV cache is released; call resume() before generating")
-        batch = self.scheduler.schedule()
-        if not batch.seqs:
-            assert self.scheduler.is_finished(), "unfinished requests but nothing could be scheduled"
-            return []
         start = time.perf_counter()
-        try:
-            token_ids, logprobs = self.model_runner.run(batch)
-        except BaseException:
-            # Scheduling registered prefix-cache hashes for blocks this step never wrote.
-            self.block_manager.reset_prefix_cache()
-            raise
-        elapsed = time.perf_counter() - start  # run() ends by reading the sampled ids: the device is done
+        outputs, self.ready = self.ready, []
+        batch = self.scheduler.schedule()
+        if not batch.seqs and self.in_flight is None:
+            assert self.scheduler.is_finished(), "unfinished requests but nothing could be scheduled"
+            return outputs
+        launched = None
+        if batch.seqs:
+            try:
+                sampled = self.model_runner.launch(batch)
+            except BaseException:
+                # Scheduling registered prefix-cache hashes for blocks this step never wrote.
+                self.block_manager.reset_prefix_cache()
+                raise
+            if self.args.async_scheduling:
+                result = self.scheduler.advance(batch)
+                launched = _InFlight(sampled, result.sampled)
+            else:
+                result = self.scheduler.postprocess(batch, *sampled.read())
+                outputs += self._finished_outputs(result.finished)
+            self.model_runner.copy_blocks(result.block_copies)
+            for child in result.forked:
+                self.requests[child.request_id].seqs.append(child)
+        # The previous step's host work, while the device runs the one just launched.
+        outputs += self._process_in_flight()
+        self.in_flight = launched
+        if not self.requests:
+            # Every request is done: what is still in flight was computed past their ends; drop it now rather than
+            # leave a step running into the caller's next move (weight update, release).
+            self._process_in_flight()
+        elapsed = time.perf_counter() - start  # async: about one device step once the pipeline is full
         if any(n > 1 for n in batch.num_new_tokens):
             self.scheduler.stats.prefill_time_s += elapsed
         else:
             self.scheduler.stats.decode_time_s += elapsed
-        result = self.scheduler.postprocess(batch, token_ids, logprobs)
-        self.model_runner.copy_blocks(result.block_copies)
-        for child in result.forked:
-            self.requests[child.request_id].seqs.append(child)
-        done = {s.request_id for s in result.finished if self.requests[s.request_id].finished}
+        return outputs
+
+    def _process_in_flight(self) -> list[RequestOutput]:
+        in_flight, self.in_flight = self.in_flight, None
+        if in_flight is None:
+            return []
+        finished = self.scheduler.update(in_flight.rows, *in_flight.sampled.read())
+        return self._finished_outputs(finished)
+
+    def _finished_outputs(self, finished: list[Sequence]) -> list[RequestOutput]:
+        done = {s.request_id for s in finished if self.requests[s.request_id].finished}
         return [self._output(self.requests.pop(request_id)) for request_id in sorted(done)]
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests)
+        return bool(self.requests or self.ready)
 
     def abort_request(self, request_ids: str | list[str]) -> list[RequestOutput]:
         """Stop these requests now. Returns their partial outputs (tokens and log-probs so far; unfinished samples
-        get finish_reason "abort"; a request aborted before its prompt was prefilled returns n empty samples)."""
+        get finish_reason "abort"; a request aborted before its prompt was prefilled returns n empty samples). The
+        step in flight is processed first, so no token is pending; a request it finished is returned here as
+        finished."""
         ids = {request_ids} if isinstance(request_ids, str) else set(request_ids)
+        self.ready += self._process_in_flight()
+        outputs = [o for o in self.ready if o.request_id in ids]
+        self.ready = [o for o in self.ready if o.request_id not in ids]
         self.scheduler.abort(ids)
-        return [self._output(self.requests.pop(r)) for r in sorted(ids) if r in self.requests]
+        outputs += [self._output(self.requests.pop(r)) for r in sorted(ids) if r in self.requests]
+        return sorted(outputs, key=lambda o: o.request_id)
 
     def _output(self, request: _Request) -> RequestOutput:
         seqs = sorted(request.seqs, key=lambda s: s.sample_index)

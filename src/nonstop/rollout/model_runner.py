@@ -10,7 +10,13 @@ block table, updated only when blocks are appended, and its constant sampling se
 metadata and every sampled row's settings are computed from those rows with numpy into ONE pinned staging buffer
 and reach the device in ONE non-blocking copy (`StepBuffers`), whose device-side views the model, the CUDA graphs
 (their static inputs are those views) and the sampler read. Prefill segments, compute-bound, build their per-token
-metadata with numpy and copy it the plain way. The one host sync per step stays the read of the sampled ids.
+metadata with numpy and upload it from pinned memory, also without waiting for the device.
+
+`launch` never waits for the device: it queues the step and the copy of its sampled ids and log-probs to pinned
+host memory, and returns a `SampledStep` whose `read` waits for that copy — the one host sync per step, which the
+engine can defer until it has scheduled and launched the next step (async scheduling). A token that is still being
+sampled when the next step is built (a placeholder, see sequence.py) reaches that step's input ids on the device,
+from `sampled_ids`, where every step leaves its sampled ids.
 
 CUDA only (`device.type == "cuda"`): the KV cache is sized from `gpu_memory_utilization` after a warm-up forward
 at `max_num_batched_tokens` measures the activation peak, and decode-only steps replay CUDA graphs captured at
@@ -105,13 +111,15 @@ class StepBuffers:
     int32/float32 ones, then the [num_rows, M] block table last, so a step copies only the block-table rows it uses.
 
     Reusing pinned memory is safe: a staging buffer is written again only two steps after the copy that read it,
-    and only after the CUDA event recorded behind that copy has completed (`next_host_fields`). Today that wait
-    never blocks, since every step ends by reading the sampled tokens back, which waits for everything queued before
-    it; the event keeps the reuse safe if the engine ever overlaps scheduling with the device. The device buffer is
-    overwritten by the next step's copy only after this step's kernels, all on the same stream, have read it.
+    and only after the CUDA event recorded behind that copy has completed (`next_host_fields`). That wait does not
+    block in practice: with async scheduling the engine has read step k's sampled ids (so step k, and its upload,
+    are done) before it builds step k + 2. The device buffer is overwritten by the next step's copy only after this
+    step's kernels, all on the same stream, have read it.
     """
 
-    INT64 = ("input_ids", "positions", "slot_mapping", "logit_rows", "top_k", "seed", "sample_index", "position")
+    # prev_row: per decode row, the previous step's sample row whose id is its input (-1: input_ids holds it).
+    INT64 = ("input_ids", "prev_row", "positions", "slot_mapping", "logit_rows", "top_k", "seed", "sample_index",
+             "position")  # fmt: skip
     INT32 = ("context_lens",)
     FLOAT32 = ("temperature", "top_p")
 
@@ -151,6 +159,19 @@ class StepBuffers:
         if self.copied[self.current] is not None:
             self.copied[self.current].record(torch.cuda.current_stream(self.device))
         return self.dev
+
+
+@dataclass
+class SampledStep:
+    """A launched step's sampled token ids and log-probs, row by row, on their way to the host."""
+
+    values_2S: Tensor  # float64 on the host (pinned on CUDA): ids, then log-probs
+    copied: torch.cuda.Event | None  # recorded behind the device-to-host copy; None on CPU
+
+    def read(self) -> tuple[list[int], list[float]]:
+        if self.copied is not None:
+            self.copied.synchronize()  # the step's one host sync: waits for the device to get this far
+        return self.values_2S[0].long().tolist(), self.values_2S[1].tolist()
 
 
 @dataclass
@@ -209,6 +230,8 @@ class ModelRunner:
         self.allocate_kv_cache()
         self.rows = SequenceRows(max_num_seqs, self.max_blocks_per_seq)
         self.buffers = StepBuffers(max_num_seqs, self.max_blocks_per_seq, self.device)
+        # Every step's sampled ids, left on the device for the next step's inputs (`decode_input_ids`).
+        self.sampled_ids = torch.zeros(max_num_seqs, dtype=torch.int64, device=self.device)
         use_graphs = self.device.type == "cuda" and not enforce_eager
         self.graphs = DecodeGraphs(self, max_num_seqs) if use_graphs else None
 
@@ -292,8 +315,7 @@ class ModelRunner:
         """Copy whole KV blocks src -> dst in every layer (the private last block of each forked sample)."""
         if not copies:
             return
-        src = torch.tensor([s for s, _ in copies], device=self.device)
-        dst = torch.tensor([d for _, d in copies], device=self.device)
+        src, dst = self._to_device([s for s, _ in copies]), self._to_device([d for _, d in copies])
         for k_cache, v_cache in zip(self.k_caches, self.v_caches, strict=True):
             k_cache[dst] = k_cache[src]
             v_cache[dst] = v_cache[src]
@@ -337,7 +359,12 @@ class ModelRunner:
             pos_D = plan.cached_N[decode] if prefill else plan.cached_N
             row_D = rows_N[decode]
             width = int(pos_D.max()) // B + 1
-            host["input_ids"][:D] = [s.token_ids[s.num_cached_tokens] for s in d_seqs]
+            ids_D = np.fromiter((s.token_ids[s.num_cached_tokens] for s in d_seqs), dtype=np.int64, count=D)
+            # A placeholder (a token the step in flight is still sampling, async scheduling) is read on the device
+            # from that step's sample row: see `decode_input_ids`.
+            pending_D = ids_D < 0
+            host["input_ids"][:D] = np.where(pending_D, 0, ids_D)
+            host["prev_row"][:D] = np.where(pending_D, -1 - ids_D, -1)
             host["positions"][:D] = pos_D
             host["slot_mapping"][:D] = table_RM[row_D, pos_D // B].astype(np.int64) * B + pos_D % B
             host["context_lens"][:D] = pos_D + 1
@@ -346,6 +373,7 @@ class ModelRunner:
                 # Rows padding the batch to its graph's size write their KV into the scratch block.
                 plan.use_graph, plan.bucket = True, self.graphs.bucket(D)
                 host["input_ids"][D : plan.bucket] = 0
+                host["prev_row"][D : plan.bucket] = -1
                 host["positions"][D : plan.bucket] = 0
                 host["slot_mapping"][D : plan.bucket] = self.scratch_block * B
                 host["context_lens"][D : plan.bucket] = 1
@@ -390,18 +418,29 @@ class ModelRunner:
     def _stop_mask(self, plan: StepPlan) -> Tensor | None:
         if not plan.banned:
             return None
-        pairs = torch.tensor(plan.banned, dtype=torch.int64).T
-        if self.device.type == "cuda":
-            # Pinned, so the copy does not wait for the stream; the caching host allocator keeps the block alive
-            # until the copy has run.
-            pairs = pairs.contiguous().pin_memory().to(self.device, non_blocking=True)
+        pairs = self._to_device(np.asarray(plan.banned, dtype=np.int64).T)
         stop_mask = torch.zeros(plan.num_sample_rows, self.config.vocab_size, dtype=torch.bool, device=self.device)
         stop_mask[pairs[0], pairs[1]] = True
         return stop_mask
 
+    def _to_device(self, values, dtype: torch.dtype = torch.int64) -> Tensor:
+        host = torch.as_tensor(values, dtype=dtype)
+        if self.device.type != "cuda":
+            return host
+        # Pinned and non-blocking: a pageable copy would wait for the step in flight (async scheduling). The caching
+        # host allocator keeps the pinned block alive until the copy has run.
+        return host.contiguous().pin_memory().to(self.device, non_blocking=True)
+
+    def decode_input_ids(self, num_rows: int) -> Tensor:
+        """The decode rows' input ids: the uploaded ones, or, for a token the previous step was still sampling when
+        this one was built, the id that step left in `sampled_ids` — no host round trip. Captured in the graphs."""
+        dev = self.buffers.dev
+        prev_row = dev["prev_row"][:num_rows]
+        return torch.where(prev_row >= 0, self.sampled_ids[prev_row.clamp(min=0)], dev["input_ids"][:num_rows])
+
     def _attention_inputs(self, plan: StepPlan, dev: dict[str, Tensor]) -> tuple[Tensor, Tensor, AttentionMetadata]:
         D = plan.num_decode
-        ids, positions, slots = dev["input_ids"][:D], dev["positions"][:D], dev["slot_mapping"][:D]
+        ids, positions, slots = self.decode_input_ids(D), dev["positions"][:D], dev["slot_mapping"][:D]
         md = AttentionMetadata(
             slot_mapping_T=slots,
             num_prefill_tokens=plan.num_prefill_tokens,
@@ -414,10 +453,8 @@ class ModelRunner:
             context_lens_N=dev["context_lens"][:D] if D else None,
         )
         if plan.num_prefill_tokens:
-            # Prefill steps are few and compute-bound: their per-token metadata is copied the plain way.
-            def to_device(values, dtype=torch.int64):
-                return torch.as_tensor(values, dtype=dtype).to(self.device)
-
+            # Prefill steps are few and compute-bound: their per-token metadata is not staged.
+            to_device = self._to_device
             ids = torch.cat([to_device(plan.prefill_ids), ids])
             positions = torch.cat([to_device(plan.prefill_positions), positions])
             md.slot_mapping_T = torch.cat([to_device(plan.prefill_slots), slots])
@@ -428,8 +465,9 @@ class ModelRunner:
         return ids, positions, md
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> tuple[list[int], list[float]]:
-        """Sampled token ids and their log-probs, one row per sample drawn, in batch order."""
+    def launch(self, batch: ScheduledBatch) -> SampledStep:
+        """Queue the step on the device without waiting for it. Its sampled token ids and their log-probs, one row
+        per sample drawn, in batch order, come from the returned handle's `read`."""
         host = self.buffers.next_host_fields()
         rows_N = self.rows.sync(batch.seqs)
         plan = self._prepare(batch, host, rows_N)
@@ -444,7 +482,7 @@ class ModelRunner:
             hidden = self.model(ids, positions, PagedAttention(self.k_caches, self.v_caches, md))
         S = plan.num_sample_rows
         if not S:
-            return [], []
+            return SampledStep(torch.empty(2, 0, dtype=torch.float64), None)
         logits = self.model.compute_logits(hidden[dev["logit_rows"][:S]])
         tensors = SamplingTensors(
             temperature_N=dev["temperature"][:S],
@@ -459,6 +497,12 @@ class ModelRunner:
             any_top_p=plan.any_top_p,
         )
         tokens, logprobs = sample(logits, tensors)
-        # The step's one host sync: reading the sampled ids (and their log-probs, in the same copy).
-        out = torch.stack([tokens.double(), logprobs.double()]).cpu()
-        return out[0].long().tolist(), out[1].tolist()
+        self.sampled_ids[:S].copy_(tokens)
+        values_2S = torch.stack([tokens.double(), logprobs.double()])
+        if self.device.type != "cuda":
+            return SampledStep(values_2S, None)
+        # Non-blocking to the host lands in pinned memory; the event says when it has.
+        values_2S = values_2S.to("cpu", non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        return SampledStep(values_2S, copied)

@@ -11,6 +11,15 @@ its blocks are freed and it goes back to the front of the waiting queue with its
 again later (its own freed blocks often come back through the prefix cache). The oldest sequence always makes
 progress, so the run finishes whatever the cache size; a request that could not fit even alone is refused when it
 is added (`check_fits`).
+
+A step's bookkeeping comes in two halves, so the engine can schedule step k+1 before step k's tokens are read back
+(async scheduling): `advance` runs when a step is launched and needs only lengths — sequences move past the tokens
+they computed, group parents fork, and every sample drawn appends a placeholder (see sequence.py); `update` runs
+when the sampled values arrive and does everything that depends on them — placeholders filled, stop / EOS /
+max_tokens checks, finished sequences freed. Until then a sequence is scheduled as if it continued, so one whose
+token turns out to end it has computed one more token in the step launched meanwhile; `update` drops that token
+(it never reaches outputs, log-probs or the prefix cache). `postprocess` is both halves back to back: the
+synchronous engine.
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from nonstop.rollout.block_manager import BlockManager
-from nonstop.rollout.sequence import FinishReason, Sequence, SequenceStatus
+from nonstop.rollout.sequence import FinishReason, Sequence, SequenceStatus, placeholder
 
 
 @dataclass
@@ -41,8 +50,11 @@ class SchedulerStats:
     num_steps: int = 0
     num_decode_steps: int = 0  # steps that decoded at least one sequence
     num_generated_tokens: int = 0
-    # Wall time of model steps (inputs, forward, sampling, the one host sync), split by whether the step computed
-    # any prompt tokens; what the rollout benchmark divides bytes and tokens by.
+    # Async scheduling: tokens computed past a sequence's end, because its stop was seen one step late, and dropped.
+    num_discarded_tokens: int = 0
+    # Wall time of `LLMEngine.step` calls (scheduling, launch, the one host sync, the host work on the sampled
+    # tokens), split by whether the step launched computed any prompt tokens; what the rollout benchmark divides
+    # bytes and tokens by. Under async scheduling a decode step's wall time is about its device time.
     prefill_time_s: float = 0.0
     decode_time_s: float = 0.0
 
@@ -55,6 +67,8 @@ class StepResult:
     finished: list[Sequence] = field(default_factory=list)
     forked: list[Sequence] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) KV blocks to copy now
+    # One entry per sample row of the step, in row order: the sequence and the index of its placeholder token.
+    sampled: list[tuple[Sequence, int]] = field(default_factory=list)
 
 
 class Scheduler:
@@ -114,6 +128,8 @@ class Scheduler:
         while candidates:
             seq = candidates.popleft()
             n = min(seq.num_tokens - seq.num_cached_tokens, budget)
+            if seq.num_output_tokens >= seq.sampling_params.max_tokens:
+                n = 0  # its last token is still being sampled (async): it finishes when that value arrives
             if n == 0:
                 kept.append(seq)
                 continue
@@ -162,7 +178,8 @@ class Scheduler:
             num_new.append(n)
             budget -= n
 
-        self.stats.num_steps += 1
+        if seqs:
+            self.stats.num_steps += 1
         if any(s.num_cached_tokens >= s.num_prompt_tokens for s in seqs):
             self.stats.num_decode_steps += 1
         for seq, n in zip(seqs, num_new, strict=True):
@@ -181,27 +198,54 @@ class Scheduler:
         self.stats.num_preemptions += 1
 
     def postprocess(self, batch: ScheduledBatch, token_ids: list[int], logprobs: list[float]) -> StepResult:
-        """Advance every scheduled sequence past the tokens it computed and append the sampled tokens: rows of
-        `token_ids` follow the batch order, `num_samples` rows for each sequence that sampled."""
-        result, row = StepResult(), 0
+        """`advance` then `update` with the step's sampled tokens: rows of `token_ids` follow the batch order,
+        `num_samples` rows for each sequence that sampled."""
+        result = self.advance(batch)
+        result.finished = self.update(result.sampled, token_ids, logprobs)
+        return result
+
+    def advance(self, batch: ScheduledBatch) -> StepResult:
+        """The launched step's effect on lengths: every scheduled sequence moves past the tokens it computed, group
+        parents whose prompt is done fork, and each sample drawn appends a placeholder for its token."""
+        result = StepResult()
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
             seq.num_cached_tokens += n
             if seq.num_cached_tokens != len(seq.token_ids):  # a prefill chunk short of the end: nothing sampled
                 continue
             for member in [seq, *self._fork(seq, result)] if seq.num_samples > 1 else (seq,):
-                member.append_token(token_ids[row], logprobs[row])
-                row += 1
-                if self._check_stop(member):
-                    result.finished.append(member)
-        self.stats.num_generated_tokens += row
-        assert row == len(token_ids)
+                result.sampled.append((member, member.num_tokens))
+                member.append_token(placeholder(len(result.sampled) - 1), 0.0)
         if result.forked:
             self.running.extend(result.forked)
-        if result.finished:
-            for seq in result.finished:
+        return result
+
+    def update(
+        self, sampled: list[tuple[Sequence, int]], token_ids: list[int], logprobs: list[float]
+    ) -> list[Sequence]:
+        """Fill in a launched step's sampled tokens (rows as `advance` listed them); returns the sequences they
+        finish. A row whose sequence finished in the previous update was computed past its end and is dropped."""
+        assert len(sampled) == len(token_ids) == len(logprobs)
+        finished = []
+        for (seq, index), token_id, logprob in zip(sampled, token_ids, logprobs, strict=True):
+            if seq.is_finished:
+                self.stats.num_discarded_tokens += 1
+                continue
+            seq.token_ids[index] = token_id
+            seq.output_logprobs[index - seq.num_prompt_tokens] = logprob
+            self.stats.num_generated_tokens += 1
+            if self._check_stop(seq, index):
+                # Drop what the step launched meanwhile appended past the end.
+                del seq.token_ids[index + 1 :], seq.output_logprobs[index + 1 - seq.num_prompt_tokens :]
+                finished.append(seq)
+            else:
+                self.block_manager.register_computed(seq)
+        if finished:
+            for seq in finished:
                 self.block_manager.deallocate(seq)
             self.running = deque(s for s in self.running if not s.is_finished)
-        return result
+            if any(s.is_finished for s in self.waiting):  # preempted while its last token was pending
+                self.waiting = deque(s for s in self.waiting if not s.is_finished)
+        return finished
 
     def _fork(self, parent: Sequence, result: StepResult) -> list[Sequence]:
         children = []
@@ -217,10 +261,10 @@ class Scheduler:
         result.forked.extend(children)
         return children
 
-    def _check_stop(self, seq: Sequence) -> bool:
-        """Finishes the sequence if its last token ends it; returns whether it did."""
-        params, num_output = seq.sampling_params, len(seq.token_ids) - seq.num_prompt_tokens
-        if num_output >= params.min_tokens and seq.token_ids[-1] in seq.stop_token_ids:
+    def _check_stop(self, seq: Sequence, index: int) -> bool:
+        """Finishes the sequence if its token at `index` ends it; returns whether it did."""
+        params, num_output = seq.sampling_params, index + 1 - seq.num_prompt_tokens
+        if num_output >= params.min_tokens and seq.token_ids[index] in seq.stop_token_ids:
             self.finish(seq, FinishReason.STOP)
             return True
         if num_output >= params.max_tokens:

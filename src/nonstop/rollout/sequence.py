@@ -25,6 +25,15 @@ class FinishReason:
     ABORT = "abort"
 
 
+def placeholder(sample_row: int) -> int:
+    """The stand-in for a token being sampled in row `sample_row` of the step in flight."""
+    return -1 - sample_row
+
+
+def placeholder_row(token_id: int) -> int:
+    return -1 - token_id
+
+
 class Sequence:
     _ids = count()
 
@@ -80,6 +89,14 @@ class Sequence:
     @property
     def output_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_known_tokens(self) -> int:
+        """Tokens whose values the host has: all but the pending placeholders at the tail."""
+        n = len(self.token_ids)
+        while n and self.token_ids[n - 1] < 0:
+            n -= 1
+        return n
 
     @property
     def is_finished(self) -> bool:
