@@ -15,6 +15,7 @@ from torch import Tensor
 
 from nonstop.models.transformer import CausalLM
 from nonstop.rollout.llm_engine import EngineArgs, LLMEngine
+from nonstop.rollout.metrics import rollout_metrics
 from nonstop.rollout.outputs import RequestOutput
 from nonstop.rollout.sampling_params import SamplingParams
 from nonstop.rollout.scheduler import SchedulerStats
@@ -72,6 +73,7 @@ class LLM:
         self.llm_engine = LLMEngine(model, args, tokenizer)
         self.tokenizer = tokenizer
         self.stats = SchedulerStats()  # counters of the last generate() call
+        self.metrics: dict[str, float] = {}  # its `rollout/*` metrics (long tail, KV pressure, tokens)
         self._request_counter = itertools.count()
 
     @property
@@ -97,6 +99,7 @@ class LLM:
         if len(sampling_params) != len(prompts):
             raise ValueError(f"got {len(sampling_params)} SamplingParams for {len(prompts)} prompts")
         engine, before = self.llm_engine, SchedulerStats(**vars(self.llm_engine.stats))
+        engine.step_log = []
         order = {}
         try:
             for prompt, params in zip(prompts, sampling_params, strict=True):
@@ -137,6 +140,7 @@ class LLM:
             if progress is not None:
                 progress.close()
         self.stats = engine.stats.since(before)
+        self.metrics = rollout_metrics(self.stats, engine.step_log)
         return sorted(outputs, key=lambda o: order[o.request_id])
 
     # -- RL surface -------------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from nonstop.models.transformer import CausalLM
 from nonstop.rollout.block_manager import BlockManager
+from nonstop.rollout.metrics import StepLogEntry
 from nonstop.rollout.model_runner import ModelRunner, SampledStep
 from nonstop.rollout.outputs import CompletionOutput, RequestOutput
 from nonstop.rollout.sampling_params import SamplingParams
@@ -94,6 +95,8 @@ class LLMEngine:
         self.in_flight: _InFlight | None = None
         # Requests that finished while `abort_request` drained the step in flight: returned by the next `step`.
         self.ready: list[RequestOutput] = []
+        # One entry per `step()`: the doctor's evidence for the long tail and KV pressure. `LLM.generate` empties it.
+        self.step_log: list[StepLogEntry] = []
 
     @property
     def stats(self) -> SchedulerStats:
@@ -191,6 +194,7 @@ class LLMEngine:
             # leave a step running into the caller's next move (weight update, release).
             self._process_in_flight()
         elapsed = time.perf_counter() - start  # async: about one device step once the pipeline is full
+        self.step_log.append(StepLogEntry(elapsed, len(batch.seqs), self.scheduler.kv_blocked))
         if any(n > 1 for n in batch.num_new_tokens):
             self.scheduler.stats.prefill_time_s += elapsed
         else:

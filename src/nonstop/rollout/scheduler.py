@@ -80,6 +80,9 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
         self.stats = SchedulerStats()
+        # Whether the last `schedule()` preempted or left a waiting request out for lack of free KV blocks (not for
+        # max_num_seqs or the token budget): the doctor's "KV cache too small" evidence.
+        self.kv_blocked = False
 
     def blocks_needed_alone(self, seq: Sequence) -> int:
         """KV blocks the sequence needs when it runs alone: its longest context (the last sampled token never gets
@@ -157,6 +160,7 @@ class Scheduler:
         # Admit new work only when nothing had to be preempted: the cache is not under pressure.
         # A group parent counts as the n sequences it will fork into.
         num_running = sum(s.num_samples for s in self.running)
+        kv_short = False
         while self.waiting and budget > 0 and not preempted:
             seq = self.waiting[0]
             if num_running + seq.num_samples > self.max_num_seqs:
@@ -166,6 +170,7 @@ class Scheduler:
             n = min(seq.num_tokens - num_cached, budget)
             fork = self._reserve_fork_blocks(seq, n, num_cached)
             if bm.num_free_blocks_needed(seq, n, hits) + fork > bm.num_free_blocks:
+                kv_short = True
                 break
             self.waiting.popleft()
             bm.allocate(seq, n, hits)
@@ -178,6 +183,7 @@ class Scheduler:
             num_new.append(n)
             budget -= n
 
+        self.kv_blocked = preempted or kv_short
         if seqs:
             self.stats.num_steps += 1
         if any(s.num_cached_tokens >= s.num_prompt_tokens for s in seqs):

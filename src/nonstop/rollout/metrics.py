@@ -1,0 +1,45 @@
+"""What one `LLM.generate` call did, under the metric names `nonstop doctor` reads (`rollout/*`).
+
+The long tail: generation time spent in engine steps running fewer than a quarter of the call's peak number of
+sequences (`rollout/tail_frac`) and how full those steps were on average (`rollout/tail_batch_fill`). KV pressure:
+time in steps that preempted or could not admit a waiting request for lack of free KV blocks
+(`rollout/kv_blocked_frac`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nonstop.rollout.scheduler import SchedulerStats
+
+TAIL_FRACTION = 0.25  # a step is in the tail when it runs fewer than this share of the call's peak sequences
+
+
+@dataclass
+class StepLogEntry:
+    wall_s: float  # `LLMEngine.step` wall time (about the device step under async scheduling)
+    num_seqs: int  # sequences the step computed (each sample of a forked group counts once)
+    kv_blocked: bool
+
+
+def rollout_metrics(stats: SchedulerStats, steps: list[StepLogEntry]) -> dict[str, float]:
+    metrics = {
+        "rollout/num_preemptions": float(stats.num_preemptions),
+        "rollout/prompt_tokens": float(stats.num_prompt_tokens),
+        "rollout/prefill_tokens": float(stats.num_prefill_tokens),
+        "rollout/cached_prompt_tokens": float(stats.num_cached_tokens),
+        "rollout/generated_tokens": float(stats.num_generated_tokens),
+        "rollout/num_engine_steps": float(len(steps)),
+    }
+    total = sum(s.wall_s for s in steps)
+    if total <= 0:
+        return metrics
+    peak = max(s.num_seqs for s in steps)
+    tail = [s for s in steps if s.num_seqs < TAIL_FRACTION * peak]
+    tail_s = sum(s.wall_s for s in tail)
+    metrics["rollout/tail_frac"] = tail_s / total
+    if tail_s > 0:
+        metrics["rollout/tail_batch_fill"] = sum(s.wall_s * s.num_seqs / peak for s in tail) / tail_s
+    metrics["rollout/kv_blocked_frac"] = sum(s.wall_s for s in steps if s.kv_blocked) / total
+    metrics["rollout/peak_running_seqs"] = float(peak)
+    return metrics

@@ -1,0 +1,56 @@
+"""`rollout/*` metrics of one generate call: long-tail and KV-pressure fractions by hand, and from a real engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from nonstop.models import CausalLM, ModelConfig
+from nonstop.rollout import LLM, SamplingParams
+from nonstop.rollout.metrics import StepLogEntry, rollout_metrics
+from nonstop.rollout.scheduler import SchedulerStats
+
+
+def test_tail_and_kv_fractions_by_hand():
+    steps = [
+        StepLogEntry(wall_s=2.0, num_seqs=16, kv_blocked=True),
+        StepLogEntry(wall_s=1.0, num_seqs=8, kv_blocked=False),
+        StepLogEntry(wall_s=0.5, num_seqs=3, kv_blocked=False),  # < 16 / 4: tail
+        StepLogEntry(wall_s=0.5, num_seqs=1, kv_blocked=False),  # tail
+    ]
+    m = rollout_metrics(SchedulerStats(num_preemptions=2, num_prompt_tokens=40), steps)
+    assert m["rollout/tail_frac"] == pytest.approx(1.0 / 4.0)
+    assert m["rollout/tail_batch_fill"] == pytest.approx((0.5 * 3 / 16 + 0.5 * 1 / 16) / 1.0)
+    assert m["rollout/kv_blocked_frac"] == pytest.approx(2.0 / 4.0)
+    assert m["rollout/num_preemptions"] == 2.0 and m["rollout/prompt_tokens"] == 40.0
+    assert m["rollout/peak_running_seqs"] == 16.0
+
+
+def tiny_llm(num_kv_blocks: int) -> LLM:
+    config = ModelConfig(
+        model_type="llama",
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+    )
+    return LLM(CausalLM(config).init_weights(std=0.1), device="cpu", max_model_len=64, num_kv_blocks=num_kv_blocks)
+
+
+def test_engine_reports_a_long_tail_and_kv_pressure():
+    budgets = [40] + [2] * 15  # one long request, fifteen short ones: most steps run one sequence
+    params = [SamplingParams(max_tokens=m, ignore_eos=True, temperature=1.0, seed=i) for i, m in enumerate(budgets)]
+    prompts = [[1 + i, 2, 3] for i in range(16)]
+    roomy = tiny_llm(num_kv_blocks=64)
+    roomy.generate(prompts, params)
+    m = roomy.metrics
+    assert m["rollout/generated_tokens"] == sum(budgets)
+    assert m["rollout/peak_running_seqs"] == 16.0
+    assert m["rollout/tail_frac"] > 0.5  # ~37 of ~40 steps run the single long request
+    assert m["rollout/kv_blocked_frac"] == 0.0 and m["rollout/num_preemptions"] == 0.0
+
+    tight = tiny_llm(num_kv_blocks=5)  # 16-token blocks: at most a few sequences fit at once
+    tight.generate(prompts, params)
+    assert tight.metrics["rollout/kv_blocked_frac"] > 0.0
