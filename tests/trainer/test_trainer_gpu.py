@@ -52,3 +52,20 @@ def test_cuda_resume_continues_from_the_checkpoint(tmp_path):
             torch.testing.assert_close(engine_p, p.detach().to(torch.bfloat16), atol=0, rtol=0)
     finally:
         resumed.close()
+
+
+def test_autocast_update_takes_the_varlen_attention_path(tmp_path, monkeypatch):
+    """q/k leave rotary in fp32 under autocast; the packed attention must still run the fused varlen kernel (the
+    per-sequence fp32 reference made the H200 update ~10x slower)."""
+    import nonstop.models.attention as attention
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the per-sequence reference attention ran under autocast")
+
+    monkeypatch.setattr(attention, "reference_causal_attention", refuse)
+    trainer = make_trainer(tmp_path / "run", ("trainer.total_training_steps=1",), device="cuda")
+    try:
+        metrics = trainer.fit()[0]
+        assert metrics["actor/grad_norm"] > 0
+    finally:
+        trainer.close()

@@ -78,6 +78,16 @@ def use_fused_attention(t: Tensor) -> bool:
     return t.is_cuda and t.dtype in (torch.bfloat16, torch.float16)
 
 
+def autocast_inputs(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Under CUDA autocast (training with fp32 master weights), q and k come out of rotary in fp32 (the cos/sin
+    tables follow the fp32 residual stream), which would send them down the per-sequence fp32 reference path;
+    attention is a matmul-class op, so autocast's own rule applies: compute it in the autocast dtype."""
+    if q.is_cuda and q.dtype == torch.float32 and torch.is_autocast_enabled("cuda"):
+        dtype = torch.get_autocast_dtype("cuda")
+        return q.to(dtype), k.to(dtype), v.to(dtype)
+    return q, k, v
+
+
 @dataclass
 class PackedAttention:
     """Causal attention within each of N sequences packed back to back (training and full-sequence scoring)."""
@@ -92,6 +102,7 @@ class PackedAttention:
         return cls(cu.to(device), max(lengths))
 
     def __call__(self, layer_idx: int, q_THE: Tensor, k_TKE: Tensor, v_TKE: Tensor) -> Tensor:
+        q_THE, k_TKE, v_TKE = autocast_inputs(q_THE, k_TKE, v_TKE)
         if use_fused_attention(q_THE):
             return varlen_causal_attention(
                 q_THE, k_TKE, v_TKE, self.cu_seqlens, self.cu_seqlens, self.max_seqlen, self.max_seqlen
