@@ -10,6 +10,7 @@ BENCHMARKS = {
     "decode-attention": "nonstop.bench.decode_attention",
     "phases": "nonstop.bench.phases",
     "rollout": "nonstop.bench.rollout",
+    "trainer": "nonstop.bench.trainer_step",
 }
 
 

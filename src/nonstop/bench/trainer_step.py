@@ -1,0 +1,431 @@
+"""`nonstop bench trainer`: one GRPO step of nonstop's sync trainer against TRL's `GRPOTrainer`, in the same run.
+
+Workload (issue 4): a random-weight model in a real shape (default Qwen2.5-0.5B), 8 prompts × 8 completions × 256
+response tokens per optimizer step, every completion forced to full length, one mini-batch and one epoch, no KL,
+gradient checkpointing off, fp32 master weights with bf16 compute, the same learning rate and the same pseudo-random
+reward on both sides. Both read the same files, written to a temp dir: a Hugging Face model directory (bf16
+safetensors), a word-level tokenizer whose word `t<i>` is token i (so prompts are exact token sequences on both
+sides), a verl JSONL data file and a reward file (nonstop's `custom_reward_function.path`, wrapped for TRL).
+
+Full length: nonstop samples with `actor_rollout_ref.rollout.ignore_eos=True`; TRL generates with
+`generation_kwargs={"min_new_tokens": 256}`, which makes transformers mask every EOS id the trainer stops on (TRL
+cuts a completion at the first of those ids) until 256 tokens exist. Both sides' logged completion lengths are
+checked and recorded.
+
+Step time: median wall time of `SyncTrainer.step` after warm-up steps, and, for TRL, from `on_step_begin` to
+`on_step_end` of a `TrainerCallback` (generation, reward, loss, backward and optimizer step all fall in between),
+with a device sync at every timestamp. Throughput = (prompt + response tokens) / step time, as `perf/throughput`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from nonstop.models.config import ModelConfig
+
+PAD, EOS, UNK = "<pad>", "<|endoftext|>", "<unk>"
+NUM_SPECIAL = 3  # ids 0, 1, 2 are PAD, EOS, UNK; prompt words are drawn above them
+CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+DATA_SOURCE = "bench/random"
+REWARD_NAME = "compute_score"
+# Imports nothing from nonstop: it is loaded by file path in nonstop's reward workers and by TRL's wrapper alike.
+REWARD_SOURCE = '''"""Pseudo-random reward in [0, 1) from a hash of the response: non-zero GRPO advantages."""
+
+import hashlib
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    digest = hashlib.blake2b(solution_str.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2**64
+'''
+
+
+# -- the shared inputs ------------------------------------------------------------------------------------------------
+
+
+def word_tokenizer(vocab_size: int):
+    """A fast tokenizer both trainers load from the model directory: word `t<i>` is token i (whitespace-split), three
+    special tokens at ids 0-2, and a chat template that renders message contents only, so a prompt's token ids are
+    exactly its words on both sides."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {PAD: 0, EOS: 1, UNK: 2, **{f"t{i}": i for i in range(NUM_SPECIAL, vocab_size)}}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token=PAD, eos_token=EOS, unk_token=UNK, model_max_length=1 << 20
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def write_tokenizer_dir(vocab_size: int, out_dir: Path) -> Path:
+    """The word tokenizer in a directory of its own, which both trainers are pointed at: next to a `config.json` of
+    model type qwen2, transformers' `AutoTokenizer` rebuilds it as a byte-level `Qwen2Tokenizer` that reads no `t<i>`
+    word (it encodes every prompt as nothing)."""
+    word_tokenizer(vocab_size).save_pretrained(out_dir)
+    return out_dir
+
+
+def write_model_dir(config: ModelConfig, out_dir: Path, device: torch.device, seed: int = 0) -> Path:
+    """Random weights, initialised on `device` and saved as a bf16 Hugging Face checkpoint. The word tokenizer is
+    saved there too, only because loading a model directory loads its tokenizer (a llama one without tokenizer files
+    fails); the trainers use `write_tokenizer_dir`'s copy."""
+    from nonstop.models.save import save_hf
+    from nonstop.models.transformer import CausalLM
+
+    config = replace(config, eos_token_id=1)
+    with torch.device(device):
+        model = CausalLM(config)
+    model.init_weights(generator=torch.Generator(device).manual_seed(seed))
+    save_hf(model, out_dir, tokenizer=word_tokenizer(config.vocab_size), dtype=torch.bfloat16)
+    return out_dir
+
+
+def prompt_texts(num_prompts: int, prompt_len: int, vocab_size: int, seed: int = 0) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [" ".join(f"t{i}" for i in rng.integers(NUM_SPECIAL, vocab_size, prompt_len)) for _ in range(num_prompts)]
+
+
+def write_prompts(path: Path, texts: list[str]) -> Path:
+    """verl's row format, one JSON object per line."""
+    rows = [
+        {
+            "data_source": DATA_SOURCE,
+            "prompt": [{"role": "user", "content": text}],
+            "ability": "bench",
+            "reward_model": {"style": "rule", "ground_truth": ""},
+            "extra_info": {"split": "train", "index": i},
+        }
+        for i, text in enumerate(texts)
+    ]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def write_reward_fn(path: Path) -> Path:
+    path.write_text(REWARD_SOURCE)
+    return path
+
+
+def trl_reward(path: Path) -> Callable[..., list[float]]:
+    """The reward file's `compute_score` under TRL's reward-function signature (completions as chat messages)."""
+    from nonstop.rewards.custom import load_custom_reward_fn
+
+    score = load_custom_reward_fn(str(path), REWARD_NAME)
+
+    def pseudo_random_reward(prompts, completions, **kwargs) -> list[float]:
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [float(score(DATA_SOURCE, text, "")) for text in texts]
+
+    return pseudo_random_reward
+
+
+# -- timing -----------------------------------------------------------------------------------------------------------
+
+
+def device_sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed(times: list[float], warmup: int) -> dict[str, Any]:
+    """Median (and spread) of the steps after `warmup`; all step times are kept."""
+    kept = times[warmup:]
+    if not kept:
+        raise ValueError(f"{len(times)} steps, all warm-up ({warmup}): nothing to time")
+    return {"step_s": statistics.median(kept), "step_s_min": min(kept), "step_s_max": max(kept), "step_s_all": times}
+
+
+def median_metrics(rows: list[dict[str, float]], prefixes: tuple[str, ...]) -> dict[str, float]:
+    """Per key starting with one of `prefixes`: the median over the timed steps' metric rows."""
+    keys = sorted({k for row in rows for k in row if k.startswith(prefixes)})
+    return {k: statistics.median(row[k] for row in rows if k in row) for k in keys}
+
+
+# -- nonstop ----------------------------------------------------------------------------------------------------------
+
+
+def nonstop_overrides(work: Path, args: argparse.Namespace) -> list[str]:
+    """verl keys for the workload; `args.override` (user `key=value`s) come last and win."""
+    return [
+        f"actor_rollout_ref.model.path={work / 'model'}",
+        f"actor_rollout_ref.model.tokenizer_path={work / 'tokenizer'}",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+        f"data.train_files={work / 'prompts.jsonl'}",
+        f"data.train_batch_size={args.prompts}",
+        f"data.max_prompt_length={args.prompt_len}",
+        f"data.max_response_length={args.response_len}",
+        "data.seed=0",
+        "algorithm.adv_estimator=grpo",
+        f"actor_rollout_ref.rollout.n={args.n}",
+        "actor_rollout_ref.rollout.ignore_eos=True",
+        "actor_rollout_ref.rollout.temperature=1.0",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",
+        f"actor_rollout_ref.actor.optim.lr={args.lr}",
+        "actor_rollout_ref.actor.optim.weight_decay=0.0",
+        f"custom_reward_function.path={work / 'reward.py'}",
+        f"custom_reward_function.name={REWARD_NAME}",
+        f"trainer.total_training_steps={args.warmup + args.steps}",
+        "trainer.val_before_train=False",
+        "trainer.resume_mode=disable",
+        f"trainer.default_local_dir={work / 'nonstop_run'}",
+        *args.override,
+    ]
+
+
+def run_nonstop(work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    from nonstop.config import load_config
+    from nonstop.trainer import build_trainer
+
+    trainer = build_trainer(load_config(None, nonstop_overrides(work, args)), console=False)
+    times, rows = [], []
+    try:
+        for step in range(1, args.warmup + args.steps + 1):
+            device_sync()
+            start = time.perf_counter()
+            metrics = trainer.step(step)
+            device_sync()
+            times.append(time.perf_counter() - start)
+            rows.append(metrics)
+            print(f"nonstop step {step}: {times[-1]:.3f} s", flush=True)
+    finally:
+        trainer.close()
+    result = timed(times, args.warmup)
+    kept = rows[args.warmup :]
+    result["metrics"] = median_metrics(kept, ("timing_s/", "perf/", "response_length/", "critic/score/", "actor/"))
+    result["tokens_per_step"] = statistics.median(row["perf/total_num_tokens"] for row in kept)
+    result["throughput"] = result["tokens_per_step"] / result["step_s"]
+    result["min_response_length"] = min(row["response_length/min"] for row in rows)
+    return result
+
+
+# -- TRL --------------------------------------------------------------------------------------------------------------
+
+
+def run_trl(work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    import trl
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+
+    texts = [json.loads(line)["prompt"] for line in (work / "prompts.jsonl").read_text().splitlines()]
+
+    class StepTimer(TrainerCallback):
+        def __init__(self):
+            self.begin, self.end, self.logs = [], [], []
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            device_sync()
+            self.begin.append(time.perf_counter())
+
+        def on_step_end(self, args, state, control, **kwargs):
+            device_sync()
+            self.end.append(time.perf_counter())
+            print(f"TRL step {len(self.end)}: {self.end[-1] - self.begin[-1]:.3f} s", flush=True)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            self.logs.append(dict(logs or {}))
+
+    batch = args.prompts * args.n
+    micro = args.trl_micro_batch or batch
+    if batch % micro:
+        raise ValueError(f"--trl-micro-batch {micro} must divide prompts × n = {batch}")
+    config = trl.GRPOConfig(
+        output_dir=str(work / "trl_run"),
+        max_steps=args.warmup + args.steps,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=batch // micro,  # one optimizer step = one generation of prompts × n
+        num_generations=args.n,
+        max_completion_length=args.response_len,
+        generation_kwargs={"min_new_tokens": args.response_len},
+        temperature=1.0,
+        learning_rate=args.lr,
+        weight_decay=0.0,
+        lr_scheduler_type="constant",
+        beta=0.0,
+        num_iterations=1,
+        bf16=True,
+        use_cpu=not torch.cuda.is_available(),  # transformers refuses bf16 on CPU unless told it is a CPU run
+        gradient_checkpointing=False,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        seed=0,
+    )
+    timer = StepTimer()
+    trainer = trl.GRPOTrainer(
+        model=str(work / "model"),
+        processing_class=AutoTokenizer.from_pretrained(work / "tokenizer"),
+        reward_funcs=trl_reward(work / "reward.py"),
+        args=config,
+        train_dataset=Dataset.from_list([{"prompt": t} for t in texts]),
+        callbacks=[timer],
+    )
+    trainer.train()
+    times = [e - b for b, e in zip(timer.begin, timer.end, strict=True)]
+    result = timed(times, args.warmup)
+    step_logs = [log for log in timer.logs if "completions/min_length" in log]
+    result["metrics"] = median_metrics(
+        step_logs[args.warmup :], ("completions/", "reward", "step_time", "loss", "grad_norm")
+    )
+    result["tokens_per_step"] = batch * (args.prompt_len + args.response_len)
+    result["throughput"] = result["tokens_per_step"] / result["step_s"]
+    result["min_response_length"] = min(log["completions/min_length"] for log in step_logs)
+    result["micro_batch"], result["gradient_accumulation_steps"] = micro, batch // micro
+    return result
+
+
+# -- the report -------------------------------------------------------------------------------------------------------
+
+SIDES = {"nonstop": run_nonstop, "trl": run_trl}
+
+
+def table(result: dict[str, Any]) -> str:
+    """Step medians, throughputs, the ratio and nonstop's per-phase breakdown, as printed at the end of a run."""
+    lines = [f"{'':8} {'step s':>8} {'tok/s':>9} {'min len':>8}"]
+    for name in SIDES:
+        side = result.get(name)
+        if side is None:
+            continue
+        if "error" in side:
+            lines.append(f"{name:8} failed: {side['error']}")
+            continue
+        lines.append(f"{name:8} {side['step_s']:8.3f} {side['throughput']:9.0f} {side['min_response_length']:8.0f}")
+    if "speedup" in result:
+        lines.append(f"nonstop's step is {result['speedup']:.1f}x faster than TRL's (median step time ratio)")
+    metrics = result.get("nonstop", {}).get("metrics", {})
+    phases = {k.removeprefix("timing_s/"): v for k, v in metrics.items() if k.startswith("timing_s/") and v > 0}
+    if phases:
+        lines.append("nonstop phases (median s): " + ", ".join(f"{k} {v:.3f}" for k, v in phases.items()))
+    if "perf/throughput" in metrics:
+        lines.append(f"nonstop perf/throughput (median): {metrics['perf/throughput']:.0f} tok/s")
+    return "\n".join(lines)
+
+
+def problems(result: dict[str, Any], response_len: int) -> list[str]:
+    """What makes the comparison invalid: a side that failed, or completions shorter than the forced length."""
+    found = []
+    for name in SIDES:
+        side = result.get(name)
+        if side is None:
+            continue
+        if "error" in side:
+            found.append(f"{name} failed: {side['error']}")
+        elif side["min_response_length"] < response_len:
+            found.append(
+                f"{name}: a completion was {side['min_response_length']:.0f} tokens, not {response_len}: the step "
+                "times compare different work"
+            )
+    return found
+
+
+def run(model_config: ModelConfig, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Write the shared inputs into `work` and run each side in `args.sides`. A side that raises is recorded with its
+    error (traceback printed) and the next still runs: one GPU session then yields whatever can be measured."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    write_model_dir(model_config, work / "model", device)
+    write_tokenizer_dir(model_config.vocab_size, work / "tokenizer")
+    write_prompts(work / "prompts.jsonl", prompt_texts(args.prompts, args.prompt_len, model_config.vocab_size))
+    write_reward_fn(work / "reward.py")
+    result: dict[str, Any] = {}
+    for name in args.sides:
+        try:
+            result[name] = SIDES[name](work, args)
+        except Exception as e:
+            traceback.print_exc()
+            result[name] = {"error": f"{type(e).__name__}: {e}"}
+        finally:
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+    ours, theirs = result.get("nonstop", {}), result.get("trl", {})
+    if "step_s" in ours and "step_s" in theirs:
+        result["speedup"] = theirs["step_s"] / ours["step_s"]
+    return result
+
+
+def sides(value: str) -> list[str]:
+    names = [v for v in value.split(",") if v]
+    unknown = [v for v in names if v not in SIDES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"sides are a comma list of {', '.join(SIDES)}; got {value!r}")
+    return names
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nonstop bench trainer", description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", default="qwen2.5-0.5b", help="model shape from nonstop.bench.shapes")
+    p.add_argument("--sides", type=sides, default=list(SIDES), help="what to run, in order (default nonstop,trl)")
+    p.add_argument("--prompts", type=int, default=8, help="prompts per step")
+    p.add_argument("--n", type=int, default=8, help="completions per prompt")
+    p.add_argument("--prompt-len", type=int, default=128, help="tokens per prompt")
+    p.add_argument("--response-len", type=int, default=256, help="tokens per completion (forced on both sides)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first, on each side")
+    p.add_argument("--steps", type=int, default=5, help="timed steps, on each side")
+    p.add_argument("--lr", type=float, default=1e-6, help="learning rate of both sides")
+    p.add_argument("--trl-micro-batch", type=int, default=None, help="TRL per-device batch (default prompts × n)")
+    p.add_argument("--override", nargs="*", default=[], metavar="KEY=VALUE", help="more nonstop config overrides")
+    p.add_argument("--work-dir", default=None, help="keep the model, data and runs here (default: a temp dir)")
+    p.add_argument(
+        "--out",
+        nargs="?",
+        const="auto",
+        default=None,
+        help="write the result as JSON: to this path, or with no path to bench/results/trainer-<time>.json",
+    )
+    return p
+
+
+def workload(args: argparse.Namespace) -> dict[str, Any]:
+    keys = ("prompts", "n", "prompt_len", "response_len", "warmup", "steps", "lr", "trl_micro_batch", "override")
+    return {k: getattr(args, k) for k in keys}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    from nonstop.bench.env import default_result_path, environment, write_result
+    from nonstop.bench.shapes import model_config
+
+    model_cfg = model_config(args.shape)
+    env = environment()
+    if "trl" in args.sides:
+        import datasets
+        import trl
+
+        env["trl"], env["datasets"] = trl.__version__, datasets.__version__
+    if args.work_dir:
+        work = Path(args.work_dir)
+        work.mkdir(parents=True, exist_ok=True)
+        result = run(model_cfg, args, work)
+    else:
+        with tempfile.TemporaryDirectory(prefix="nonstop-bench-trainer-") as tmp:
+            result = run(model_cfg, args, Path(tmp))
+    print(
+        f"\n{args.shape}: {args.prompts} prompts x {args.n} completions x {args.response_len} tokens (prompts "
+        f"{args.prompt_len} tokens); {env.get('gpu', 'cpu')}, torch {env['torch']}, TRL {env.get('trl')}"
+    )
+    print(table(result))
+    found = problems(result, args.response_len)
+    for problem in found:
+        print("PROBLEM:", problem)
+    if args.out:
+        command = "nonstop bench trainer " + " ".join(argv or [])
+        payload = {"environment": env, "command": command, "shape": args.shape, "workload": workload(args), **result}
+        write_result(default_result_path("trainer") if args.out == "auto" else args.out, payload)
+    return 1 if found else 0

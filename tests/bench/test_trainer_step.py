@@ -1,0 +1,126 @@
+"""`nonstop bench trainer` on CPU with a tiny model: the shared inputs both trainers read, the timing summary and the
+report, nonstop's side end to end, and TRL's side when TRL is installed."""
+
+from __future__ import annotations
+
+import pytest
+
+from nonstop.bench import trainer_step
+from nonstop.config import load_config
+from nonstop.data import train_dataloader
+from nonstop.models.config import ModelConfig
+from nonstop.models.tokenizer import load_tokenizer
+from nonstop.rewards.custom import load_custom_reward_fn
+
+TINY = ModelConfig(
+    model_type="qwen2",
+    vocab_size=128,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=16,
+    tie_word_embeddings=True,
+    attention_bias=True,
+)
+TINY_ARGS = ["--prompts", "2", "--n", "2", "--prompt-len", "5", "--response-len", "6", "--warmup", "1", "--steps", "1"]
+
+
+def test_prompts_are_exact_token_sequences_for_nonstop_data_loading(tmp_path):
+    texts = trainer_step.prompt_texts(3, 7, TINY.vocab_size, seed=1)
+    trainer_step.write_prompts(tmp_path / "prompts.jsonl", texts)
+    trainer_step.write_tokenizer_dir(TINY.vocab_size, tmp_path / "tokenizer")
+    config = load_config(
+        None,
+        (
+            f"data.train_files={tmp_path / 'prompts.jsonl'}",
+            "data.train_batch_size=3",
+            "data.max_prompt_length=7",
+            "data.shuffle=False",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=3",
+        ),
+    )
+    batch = train_dataloader(config.data, load_tokenizer(tmp_path / "tokenizer")).next_batch()
+    expected = [[int(word[1:]) for word in text.split()] for text in texts]
+    assert [list(p.prompt_token_ids) for p in batch] == expected
+    assert all(trainer_step.NUM_SPECIAL <= t < TINY.vocab_size for ids in expected for t in ids)
+    assert {p.row.data_source for p in batch} == {trainer_step.DATA_SOURCE}
+
+
+def test_tokenizer_round_trip_and_special_tokens(tmp_path):
+    tokenizer = load_tokenizer(trainer_step.write_tokenizer_dir(TINY.vocab_size, tmp_path / "tokenizer"))
+    assert len(tokenizer) == TINY.vocab_size
+    assert (tokenizer.pad_token_id, tokenizer.eos_token_id) == (0, 1)
+    assert tokenizer.decode([5, 1, 127, 0], skip_special_tokens=True) == "t5 t127"
+
+
+def test_model_dir_loads_in_nonstop_shape(tmp_path):
+    import torch
+
+    from nonstop.models.hf_loader import load_hf_model
+
+    path = trainer_step.write_model_dir(TINY, tmp_path / "model", torch.device("cpu"))
+    model = load_hf_model(path, torch.float32, "cpu")
+    assert model.config.vocab_size == TINY.vocab_size and model.config.eos_token_id == 1
+
+
+def test_reward_file_is_deterministic_and_spread(tmp_path):
+    path = trainer_step.write_reward_fn(tmp_path / "reward.py")
+    score = load_custom_reward_fn(str(path), trainer_step.REWARD_NAME)
+    texts = [f"t{i} t{i + 1}" for i in range(64)]
+    scores = [score(trainer_step.DATA_SOURCE, t, "") for t in texts]
+    assert scores == [score(trainer_step.DATA_SOURCE, t, "") for t in texts]
+    assert all(0 <= s < 1 for s in scores) and len(set(scores)) == len(scores)
+    completions = [[{"role": "assistant", "content": t}] for t in texts]
+    assert trainer_step.trl_reward(path)(prompts=[None] * len(texts), completions=completions) == scores
+
+
+def test_timing_summary_skips_warmup():
+    summary = trainer_step.timed([9.0, 2.0, 1.0, 3.0], warmup=1)
+    assert summary["step_s"] == 2.0 and summary["step_s_min"] == 1.0 and summary["step_s_all"] == [9.0, 2.0, 1.0, 3.0]
+    with pytest.raises(ValueError, match="all warm-up"):
+        trainer_step.timed([1.0], warmup=1)
+    rows = [{"timing_s/gen": 1.0, "other": 5.0}, {"timing_s/gen": 3.0, "perf/throughput": 7.0}]
+    assert trainer_step.median_metrics(rows, ("timing_s/", "perf/")) == {"perf/throughput": 7.0, "timing_s/gen": 2.0}
+
+
+def test_table_ratio_and_problems():
+    side = {"step_s": 0.5, "throughput": 1000.0, "min_response_length": 256.0}
+    ours = {**side, "metrics": {"timing_s/gen": 0.3, "timing_s/ref": 0.0, "perf/throughput": 1100.0}}
+    result = {"nonstop": ours, "trl": {**side, "step_s": 6.0, "min_response_length": 200.0}, "speedup": 12.0}
+    text = trainer_step.table(result)
+    assert "12.0x faster" in text and "gen 0.300" in text and "ref" not in text and "1100 tok/s" in text
+    assert trainer_step.problems(result, 256) == [
+        "trl: a completion was 200 tokens, not 256: the step times compare different work"
+    ]
+    failed = {"nonstop": ours, "trl": {"error": "ImportError: no trl"}}
+    assert "trl      failed: ImportError: no trl" in trainer_step.table(failed)
+    assert trainer_step.problems(failed, 256) == ["trl failed: ImportError: no trl"]
+
+
+def test_sides_argument():
+    assert trainer_step.parser().parse_args([]).sides == ["nonstop", "trl"]
+    assert trainer_step.parser().parse_args(["--sides", "trl"]).sides == ["trl"]
+    with pytest.raises(SystemExit):
+        trainer_step.parser().parse_args(["--sides", "verl"])
+
+
+def test_nonstop_side_end_to_end(tmp_path):
+    args = trainer_step.parser().parse_args([*TINY_ARGS, "--sides", "nonstop"])
+    result = trainer_step.run(TINY, args, tmp_path)
+    ours = result["nonstop"]
+    assert "error" not in ours, ours
+    assert ours["min_response_length"] == 6 and len(ours["step_s_all"]) == 2
+    assert ours["tokens_per_step"] == 2 * 2 * (5 + 6)
+    assert ours["metrics"]["timing_s/gen"] > 0 and ours["metrics"]["timing_s/update_actor"] > 0
+    assert trainer_step.problems(result, 6) == []
+
+
+def test_trl_side_end_to_end(tmp_path):
+    pytest.importorskip("trl")
+    pytest.importorskip("datasets")
+    args = trainer_step.parser().parse_args(TINY_ARGS)
+    result = trainer_step.run(TINY, args, tmp_path)
+    assert trainer_step.problems(result, 6) == [], result
+    assert result["trl"]["min_response_length"] == 6 and result["speedup"] > 0
