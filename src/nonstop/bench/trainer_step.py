@@ -57,9 +57,9 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
 
 
 def word_tokenizer(vocab_size: int):
-    """A fast tokenizer both trainers load from the model directory: word `t<i>` is token i (whitespace-split), three
-    special tokens at ids 0-2, and a chat template that renders message contents only, so a prompt's token ids are
-    exactly its words on both sides."""
+    """A fast tokenizer for a random model: word `t<i>` is token i (whitespace-split), three special tokens at ids
+    0-2, and a chat template that renders message contents only, so a prompt's token ids are exactly its words on
+    both sides."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
