@@ -1,5 +1,7 @@
 """The RL surface: in-place weight updates, abort / continue, KV memory release and resume."""
 
+import copy
+
 import pytest
 import torch
 from rollout_helpers import make_pair, random_prompts
@@ -91,3 +93,32 @@ def test_abort_before_the_prompt_is_prefilled_returns_n_empty_samples(qwen2):
     (out,) = engine.abort_request("g")
     assert [(c.index, c.token_ids, c.finish_reason) for c in out.outputs] == [(i, [], "abort") for i in range(3)]
     assert out.finished and engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_update_weights_lands_in_fused_projections(qwen2):
+    # The CUDA engine fuses q/k/v and gate/up (one buffer each, the named parameters views of it); fused here by
+    # hand on CPU. update_weights must reach the fused GEMMs at unchanged addresses, exactly as the unfused model.
+    _, model = qwen2
+    _, other = make_pair("qwen2", seed=6)
+    fused = copy.deepcopy(model).fuse_projections()
+    prompts = random_prompts([12, 9], seed=1)
+    fused_llm, plain_llm = LLM(fused, block_size=4), LLM(model, block_size=4)
+
+    def run(llm):
+        return [(c.token_ids, c.logprobs) for o in llm.generate(prompts, GREEDY) for c in o.outputs]
+
+    def assert_same(got, expected):
+        assert [t for t, _ in got] == [t for t, _ in expected]
+        for (_, a), (_, b) in zip(got, expected, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+    before = run(fused_llm)
+    assert_same(before, run(plain_llm))
+    ptrs = {name: p.data_ptr() for name, p in fused.named_parameters()}
+    for llm in (fused_llm, plain_llm):
+        llm.update_weights(other.named_parameters())
+    assert {name: p.data_ptr() for name, p in fused.named_parameters()} == ptrs
+    assert all(layer.self_attn.qkv_proj.intact and layer.mlp.gate_up_proj.intact for layer in fused.model.layers)
+    after = run(fused_llm)
+    assert_same(after, run(plain_llm))
+    assert [t for t, _ in after] != [t for t, _ in before]

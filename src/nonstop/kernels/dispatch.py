@@ -1,4 +1,5 @@
-"""When the model's fused Triton kernels (RMSNorm, SiLU-and-mul, rotary) replace their plain PyTorch references.
+"""When the model's fused Triton kernels (RMSNorm, SiLU-and-mul, rotary) replace their plain PyTorch references, and
+when fused projection GEMMs replace the separate ones.
 
 Only for inference on CUDA: the kernels have no backward, so anything under autograd (training, gradient
 checkpointing) keeps the plain ops, and CPU runs the references. The decision reads only the tensor's device and
@@ -19,6 +20,12 @@ _enabled = True
 
 def use_fused_kernel(x: Tensor) -> bool:
     return _enabled and x.is_cuda and x.dtype in _FUSED_DTYPES and not torch.is_grad_enabled()
+
+
+def use_fused_projections() -> bool:
+    """Whether a model whose q/k/v and gate/up weights were fused (`CausalLM.fuse_projections`, done by the rollout
+    engine) runs them as one GEMM each: inference only, on any device, unless `fused_kernels(False)`."""
+    return _enabled and not torch.is_grad_enabled()
 
 
 @contextmanager

@@ -5,6 +5,12 @@ a mapping table. Inputs are packed: a flat run of tokens with explicit positions
 decides which tokens see which (see attention.py). The forward returns final-norm hidden states, not logits, so
 callers can project to the vocabulary in chunks and never hold `[T, V]` fp32 logits whole.
 
+Fused projections (`CausalLM.fuse_projections`, for the rollout engine's inference-only model): q/k/v become one
+GEMM and gate/up another, over ONE weight buffer per group whose rows the separate parameters are views of. Names,
+shapes and Parameter objects stay what trainers and loaders know; a copy into `q_proj.weight` lands in the fused
+buffer, so in-place weight updates keep working at unchanged addresses (CUDA graphs stay valid). Under autograd the
+separate projections run as always, so training is untouched.
+
 Legend: T packed tokens, D hidden size, I intermediate size, H query heads, K key/value heads, E head dim,
 V vocabulary.
 """
@@ -12,15 +18,51 @@ V vocabulary.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from nonstop.kernels.dispatch import use_fused_projections
 from nonstop.kernels.rms_norm import rms_norm
 from nonstop.kernels.rotary import apply_rotary_qk
 from nonstop.kernels.silu_mul import silu_and_mul
 from nonstop.models.attention import AttentionBackend
 from nonstop.models.config import ModelConfig
 from nonstop.models.rope import RotaryEmbedding
+
+
+class FusedLinear:
+    """One [sum of out features, in features] weight (and bias) whose row blocks the given linears' parameters
+    become views of. Not a module: nothing new appears in `named_parameters` or the state dict."""
+
+    def __init__(self, linears: list[nn.Linear]):
+        with torch.no_grad():
+            self.weight = torch.cat([linear.weight for linear in linears])
+            has_bias = linears[0].bias is not None
+            self.bias = torch.cat([linear.bias for linear in linears]) if has_bias else None
+        offset = 0
+        for linear in linears:
+            rows = linear.weight.shape[0]
+            # `.data`, not a new Parameter: optimizers and callers holding the Parameter objects keep them.
+            linear.weight.data = self.weight[offset : offset + rows]
+            if has_bias:
+                linear.bias.data = self.bias[offset : offset + rows]
+            offset += rows
+        self.linears = linears
+        self.addresses = self._addresses()
+
+    def _addresses(self) -> list[int]:
+        return [p.data_ptr() for linear in self.linears for p in (linear.weight, linear.bias) if p is not None]
+
+    @property
+    def intact(self) -> bool:
+        """Whether the linears' parameters are still views of this buffer: a `.to()`, `load_state_dict(assign=True)`
+        or a new Parameter gives them other tensors (at other addresses, since this buffer keeps the old memory
+        alive), and the separate projections then run, which is always correct."""
+        return self._addresses() == self.addresses
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight, self.bias)
 
 
 class RMSNorm(nn.Module):
@@ -50,12 +92,21 @@ class SelfAttention(nn.Module):
         if config.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.qkv_proj: FusedLinear | None = None
 
     def forward(self, x_TD: Tensor, cos_TE: Tensor, sin_TE: Tensor, attention: AttentionBackend) -> Tensor:
-        T = x_TD.shape[0]
-        q_THE = self.q_proj(x_TD).view(T, self.num_heads, self.head_dim)
-        k_TKE = self.k_proj(x_TD).view(T, self.num_kv_heads, self.head_dim)
-        v_TKE = self.v_proj(x_TD).view(T, self.num_kv_heads, self.head_dim)
+        T, H, K, E = x_TD.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        if self.qkv_proj is not None and use_fused_projections() and self.qkv_proj.intact:
+            # Column slices of one [T, (H + 2K) E] output: strided views with contiguous heads, which the norm,
+            # rotary, KV-cache write and FlashAttention all accept.
+            qkv_TX = self.qkv_proj(x_TD)
+            q_THE = qkv_TX[:, : H * E].view(T, H, E)
+            k_TKE = qkv_TX[:, H * E : (H + K) * E].view(T, K, E)
+            v_TKE = qkv_TX[:, (H + K) * E :].view(T, K, E)
+        else:
+            q_THE = self.q_proj(x_TD).view(T, H, E)
+            k_TKE = self.k_proj(x_TD).view(T, K, E)
+            v_TKE = self.v_proj(x_TD).view(T, K, E)
         if hasattr(self, "q_norm"):
             q_THE, k_TKE = self.q_norm(q_THE), self.k_norm(k_TKE)
         q_THE, k_TKE = apply_rotary_qk(q_THE, k_TKE, cos_TE, sin_TE)
@@ -69,8 +120,12 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj: FusedLinear | None = None
 
     def forward(self, x_TD: Tensor) -> Tensor:
+        if self.gate_up_proj is not None and use_fused_projections() and self.gate_up_proj.intact:
+            gate_TI, up_TI = self.gate_up_proj(x_TD).chunk(2, dim=-1)  # column halves of one [T, 2I] output
+            return self.down_proj(silu_and_mul(gate_TI, up_TI))
         return self.down_proj(silu_and_mul(self.gate_proj(x_TD), self.up_proj(x_TD)))
 
 
@@ -119,6 +174,17 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, h_TD: Tensor) -> Tensor:
         return self.lm_head(h_TD)
+
+    def fuse_projections(self) -> CausalLM:
+        """Give every layer one q/k/v GEMM and one gate/up GEMM for inference (module docstring). Call it before
+        capturing CUDA graphs: the parameters move once, into the fused buffers. Idempotent."""
+        for layer in self.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            if attn.qkv_proj is None or not attn.qkv_proj.intact:
+                attn.qkv_proj = FusedLinear([attn.q_proj, attn.k_proj, attn.v_proj])
+            if mlp.gate_up_proj is None or not mlp.gate_up_proj.intact:
+                mlp.gate_up_proj = FusedLinear([mlp.gate_proj, mlp.up_proj])
+        return self
 
     def init_weights(self, std: float = 0.02, generator: torch.Generator | None = None) -> CausalLM:
         """Random weights in the model's real shape: what benchmarks run when real weights do not matter."""

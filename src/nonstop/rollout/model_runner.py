@@ -18,10 +18,11 @@ engine can defer until it has scheduled and launched the next step (async schedu
 sampled when the next step is built (a placeholder, see sequence.py) reaches that step's input ids on the device,
 from `sampled_ids`, where every step leaves its sampled ids.
 
-CUDA only (`device.type == "cuda"`): the KV cache is sized from `gpu_memory_utilization` after a warm-up forward
-at `max_num_batched_tokens` measures the activation peak, and decode-only steps replay CUDA graphs captured at
-bucketed batch sizes (captured lazily at the first decode, dropped on `release_kv_cache`, since they hold the
-cache's addresses). On CPU the cache has a fixed byte budget and everything runs eagerly.
+CUDA only (`device.type == "cuda"`): the model's q/k/v and gate/up projections are fused (`fuse_projections`), the
+KV cache is sized from `gpu_memory_utilization` after a warm-up forward at `max_num_batched_tokens` measures the
+activation peak, and decode-only steps replay CUDA graphs captured at bucketed batch sizes (captured lazily at the
+first decode, dropped on `release_kv_cache`, since they hold the cache's addresses). On CPU the cache has a fixed
+byte budget and everything runs eagerly.
 """
 
 from __future__ import annotations
@@ -214,6 +215,10 @@ class ModelRunner:
         self.config = model.config
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
+        if self.device.type == "cuda":
+            # One q/k/v and one gate/up GEMM per layer; before graph capture, since the parameters move once. The
+            # CPU engine often runs the trainer's own model, which keeps its layout (a caller may fuse it).
+            model.fuse_projections()
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
