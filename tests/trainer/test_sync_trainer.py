@@ -167,3 +167,20 @@ def test_tensorboard_logger_writes_the_step_metrics(trainer_factory):
     acc.Reload()
     scores = [(e.step, e.value) for e in acc.Scalars("critic/score/mean")]
     assert scores == [(i + 1, pytest.approx(m["critic/score/mean"])) for i, m in enumerate(history)]
+
+
+def test_micro_batch_metrics_follow_the_token_budget(trainer_factory):
+    trainer = trainer_factory(
+        (
+            "trainer.total_training_steps=1",
+            "actor_rollout_ref.actor.use_dynamic_bsz=True",
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=30",
+            "actor_rollout_ref.rollout.ignore_eos=True",
+        )
+    )
+    m = trainer.fit()[0]
+    total = m["perf/total_num_tokens"]  # 32 samples of prompt + 8 response tokens
+    assert m["actor/num_micro_batches"] * m["actor/micro_batch_tokens_mean"] == pytest.approx(total)
+    assert m["actor/micro_batch_tokens_mean"] <= 30
+    assert m["actor/num_micro_batches"] >= total / 30
+    assert m["actor/pad_frac"] == 0.0

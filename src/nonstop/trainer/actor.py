@@ -53,6 +53,7 @@ class Actor:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(optim, total_steps))
         self.loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
         self.skipped_steps = 0
+        self._micro_batch_tokens: list[int] = []  # tokens of each micro-batch of the current update
 
     # -- batching ---------------------------------------------------------------------------------------------------
 
@@ -145,6 +146,7 @@ class Actor:
         lr = self.optimizer.param_groups[0]["lr"]
         sums: dict[str, float] = {}
         num_updates = 0
+        self._micro_batch_tokens = []
         self.model.train()
         for _ in range(cfg.ppo_epochs):
             for mini in self.mini_batches(batch):
@@ -158,6 +160,10 @@ class Actor:
         metrics = {key: value / num_updates for key, value in sums.items()}
         metrics["actor/lr"] = lr
         metrics["actor/skipped_steps"] = float(self.skipped_steps)
+        # What `nonstop doctor` reads for tiny micro-batches; packing computes no padding, hence pad_frac 0.
+        metrics["actor/num_micro_batches"] = float(len(self._micro_batch_tokens))
+        metrics["actor/micro_batch_tokens_mean"] = sum(self._micro_batch_tokens) / len(self._micro_batch_tokens)
+        metrics["actor/pad_frac"] = 0.0
         return metrics
 
     def _mini_batch_step(
@@ -176,6 +182,7 @@ class Actor:
         info = {"batch_num_tokens": mask_BL[mini].sum(), "global_batch_size": len(mini)}
         totals = {k: torch.zeros((), device=self.device) for k in ("loss", "pg_loss", "entropy", "clipfrac", "kl")}
         for rows in self.micro_batches(batch, mini):
+            self._micro_batch_tokens.append(sum(batch.total_lengths[r] for r in rows))
             mask_bL = mask_BL[rows]
             logp_bL, entropy_bL = self.forward(batch, rows, width, compute_entropy=True)
             old_bL = logp_bL.detach() if old_log_prob_BL is None else old_log_prob_BL[rows]

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -15,22 +13,6 @@ from torch import Tensor
 
 from nonstop.trainer.loggers import MetricSink
 from nonstop.trainer.rollout_batch import RolloutBatch
-
-
-class Timer:
-    """`with timer("gen"):` adds wall seconds to `timing_s/gen`."""
-
-    def __init__(self):
-        self.timings: dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            key = f"timing_s/{name}"
-            self.timings[key] = self.timings.get(key, 0.0) + time.perf_counter() - start
 
 
 def data_metrics(batch: RolloutBatch, scores_B: Tensor, advantages_BL: Tensor, mask_BL: Tensor) -> dict[str, float]:
@@ -136,13 +118,8 @@ def model_flops_metrics(
 ) -> dict[str, float]:
     """Model FLOPs utilisation by the 2N (forward) / 6N (forward + backward) per-token rule, attention ignored:
     `perf/mfu/actor` over the update (verl's metric), `perf/mfu` over the whole step (generation's prompt prefill
-    and decode count 2N per token). On CUDA also the step's peak memory; nothing on CPU."""
+    and decode count 2N per token). Nothing on devices without a known peak (CPU)."""
     metrics: dict[str, float] = {}
-    device = torch.device(device)
-    if device.type == "cuda":
-        metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
-        metrics["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved(device) / 2**30
-        torch.cuda.reset_peak_memory_stats(device)
     peak = peak_flops(device)
     if peak is None:
         return metrics

@@ -24,6 +24,7 @@ import torch
 from nonstop.algos import compute_advantage, outcome_token_rewards
 from nonstop.config import NonstopConfig, config_to_yaml
 from nonstop.data import TokenizedPrompt
+from nonstop.profiling import PhaseRecorder, RunProfiler
 from nonstop.rewards import RewardPool
 from nonstop.rollout import LLM, SamplingParams
 from nonstop.trainer.actor import Actor
@@ -35,7 +36,7 @@ from nonstop.trainer.checkpoint import (
     save_checkpoint,
 )
 from nonstop.trainer.loggers import build_sinks
-from nonstop.trainer.metrics import MetricsLog, Timer, data_metrics, model_flops_metrics
+from nonstop.trainer.metrics import MetricsLog, data_metrics, model_flops_metrics
 from nonstop.trainer.plots import plot_curves
 from nonstop.trainer.rollout_batch import RolloutBatch, Sample, generate_rollouts
 
@@ -109,6 +110,9 @@ class SyncTrainer:
         self.run_dir = Path(config.trainer.default_local_dir)
         self.ckpt_root = checkpoint_root(self.run_dir)
         self.log = MetricsLog(self.run_dir, console=console)
+        self.device = device
+        self.profiler = RunProfiler.from_config(config.global_profiler, self.run_dir, device)
+        self._flops: dict[str, int] = {}
         self.num_params = sum(p.numel() for p in model.parameters())
         self.nonfinite_streak = 0
         self.probe_prompts: list[list[int]] | None = None
@@ -135,95 +139,103 @@ class SyncTrainer:
         try:
             validate_first = trainer_cfg.val_before_train or trainer_cfg.val_only
             if self.val_loader is not None and resumed is None and validate_first:
+                start_val = time.perf_counter()
                 val_metrics = self.validate(step=0)
+                val_metrics["timing_s/testing"] = time.perf_counter() - start_val
                 self.log.write(0, val_metrics)
                 history.append(val_metrics)
                 if trainer_cfg.val_only:
                     return history
             for step in range(start + 1, self.total_steps + 1):
                 metrics = self.step(step)
-                last = step == self.total_steps
-                freq = trainer_cfg.test_freq
-                if self.val_loader is not None and freq > 0 and (step % freq == 0 or last):
-                    metrics.update(self.validate(step))
-                if trainer_cfg.save_freq > 0 and (step % trainer_cfg.save_freq == 0 or last):
-                    start_save = time.perf_counter()
-                    self.save(step)
-                    metrics["timing_s/save_checkpoint"] = time.perf_counter() - start_save
                 self.log.write(step, metrics)
                 history.append(metrics)
                 self._check_nonfinite(step, metrics)
         finally:
             self.log.close()
+            self.profiler.close()
         plot_curves(self.run_dir)
         return history
 
     def step(self, step: int) -> dict[str, float]:
-        timer = Timer()
+        """One training step, with the validation and checkpoint that fall on it (inside `timing_s/step`, as in
+        verl); phases are timed by the profiler (always-on spans, deep traces on `global_profiler.steps`)."""
+        trainer_cfg = self.config.trainer
+        last = step == self.total_steps
+        with self.profiler.step(step) as rec:
+            metrics = self._train_step(step, rec)
+            freq = trainer_cfg.test_freq
+            if self.val_loader is not None and freq > 0 and (step % freq == 0 or last):
+                with rec("validation"):
+                    metrics.update(self.validate(step))
+            if trainer_cfg.save_freq > 0 and (step % trainer_cfg.save_freq == 0 or last):
+                with rec("checkpoint"):
+                    self.save(step)
+        metrics.update(self.profiler.last.metrics)
+        metrics.setdefault("timing_s/old_log_prob", 0.0)
+        metrics.setdefault("timing_s/ref", 0.0)
+        step_s = metrics["timing_s/step"]
+        metrics["perf/time_per_step"] = step_s
+        metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / max(step_s, 1e-9)
+        metrics.update(model_flops_metrics(self.num_params, timings=metrics, device=self.device, **self._flops))
+        metrics["training/global_step"] = float(step)
+        return metrics
+
+    def _train_step(self, step: int, rec: PhaseRecorder) -> dict[str, float]:
         cfg = self.config
         extra: dict[str, float] = {}
-        with timer("step"):
-            with timer("data"):
-                prompts = self.train_loader.next_batch()
-            if self.probe_prompts is None:
-                self.probe_prompts = [list(p.prompt_token_ids) for p in prompts[:PROBE_PROMPTS]]
-            prefix = f"train-{step}"
-            with timer("gen"):
-                batch = self._generate(prompts, self.sampling_params, step, prefix, extra)
-            with timer("reward"):
-                scores_B = self._collect_scores(batch, prefix)
-            mask_BL = batch.response_mask()
-            old_log_prob_BL = ref_log_prob_BL = None
-            if self.actor.needs_old_log_prob(batch):
-                with timer("old_log_prob"):
-                    old_log_prob_BL = self.actor.compute_log_prob(batch)
-            if cfg.actor_rollout_ref.actor.use_kl_loss:
-                with timer("ref"):
-                    ref_log_prob_BL = self.actor.compute_log_prob(batch, model=self.ref_model)
-            with timer("adv"):
-                advantages_BL, _ = compute_advantage(
-                    cfg.algorithm.adv_estimator,
-                    token_level_rewards=outcome_token_rewards(scores_B, mask_BL),
-                    response_mask=mask_BL,
-                    index=batch.uids,
-                    norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
-                    gamma=cfg.algorithm.gamma,
-                )
-            skipped_before = self.actor.skipped_steps
-            with timer("update_actor"):
-                actor_metrics = self.actor.update(batch, advantages_BL, old_log_prob_BL, ref_log_prob_BL)
-            with timer("update_weights"):
-                self._sync_weights()
+        with rec("data"):
+            prompts = self.train_loader.next_batch()
+        if self.probe_prompts is None:
+            self.probe_prompts = [list(p.prompt_token_ids) for p in prompts[:PROBE_PROMPTS]]
+        prefix = f"train-{step}"
+        with rec("gen") as span:
+            batch = self._generate(prompts, self.sampling_params, step, prefix, extra)
+            span.tokens = sum(batch.total_lengths)
+        rollout_metrics = dict(self.llm.metrics)  # before anything else generates
+        with rec("reward"):
+            scores_B = self._collect_scores(batch, prefix)
+        mask_BL = batch.response_mask()
+        old_log_prob_BL = ref_log_prob_BL = None
+        if self.actor.needs_old_log_prob(batch):
+            with rec("old_log_prob"):
+                old_log_prob_BL = self.actor.compute_log_prob(batch)
+        if cfg.actor_rollout_ref.actor.use_kl_loss:
+            with rec("ref"):
+                ref_log_prob_BL = self.actor.compute_log_prob(batch, model=self.ref_model)
+        with rec("adv"):
+            advantages_BL, _ = compute_advantage(
+                cfg.algorithm.adv_estimator,
+                token_level_rewards=outcome_token_rewards(scores_B, mask_BL),
+                response_mask=mask_BL,
+                index=batch.uids,
+                norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
+                gamma=cfg.algorithm.gamma,
+            )
+        skipped_before = self.actor.skipped_steps
+        with rec("update_actor") as span:
+            actor_metrics = self.actor.update(batch, advantages_BL, old_log_prob_BL, ref_log_prob_BL)
+            span.tokens = sum(batch.total_lengths) * cfg.actor_rollout_ref.actor.ppo_epochs
+        with rec("update_weights"):
+            self._sync_weights()
         self.nonfinite_streak = self.nonfinite_streak + 1 if self.actor.skipped_steps > skipped_before else 0
         metrics = data_metrics(batch, scores_B, advantages_BL, mask_BL)
         metrics.update(actor_metrics)
         metrics.update(self.reward_pool.pop_metrics())
-        metrics.update(timer.timings)
+        metrics.update(rollout_metrics)
         metrics.update(extra)
-        metrics.setdefault("timing_s/old_log_prob", 0.0)
-        metrics.setdefault("timing_s/ref", 0.0)
-        tokens = sum(batch.total_lengths)
-        metrics["perf/total_num_tokens"] = float(tokens)
-        metrics["perf/time_per_step"] = timer.timings["timing_s/step"]
-        metrics["perf/throughput"] = tokens / max(timer.timings["timing_s/step"], 1e-9)
-        metrics.update(
-            model_flops_metrics(
-                self.num_params,
-                prompt_tokens=sum(len(s.prompt_token_ids) for s in batch.samples),
-                response_tokens=sum(batch.response_lengths),
-                trained_passes=cfg.actor_rollout_ref.actor.ppo_epochs,
-                extra_forward_passes=int(old_log_prob_BL is not None) + int(ref_log_prob_BL is not None),
-                timings=timer.timings,
-                device=next(self.model.parameters()).device,
-            )
-        )
-        metrics["training/global_step"] = float(step)
+        metrics["perf/total_num_tokens"] = float(sum(batch.total_lengths))
+        self._flops = {
+            "prompt_tokens": sum(len(s.prompt_token_ids) for s in batch.samples),
+            "response_tokens": sum(batch.response_lengths),
+            "trained_passes": cfg.actor_rollout_ref.actor.ppo_epochs,
+            "extra_forward_passes": int(old_log_prob_BL is not None) + int(ref_log_prob_BL is not None),
+        }
         return metrics
 
     @torch.no_grad()
     def validate(self, step: int) -> dict[str, float]:
         """Greedy (per `rollout.val_kwargs`) over one pass of the validation loader: `val/<data_source>/score`."""
-        start = time.perf_counter()
         by_source: dict[str, list[float]] = {}
         for i in range(len(self.val_loader)):
             prefix = f"val-{step}-{i}"
@@ -232,12 +244,11 @@ class SyncTrainer:
             for sample, score in zip(batch.samples, scores_B.tolist(), strict=True):
                 by_source.setdefault(sample.data_source, []).append(score)
         self.reward_pool.pop_metrics()  # validation scoring is not the step's reward work
-        metrics = {f"val/{source}/score": sum(v) / len(v) for source, v in sorted(by_source.items())}
-        metrics["timing_s/testing"] = time.perf_counter() - start
-        return metrics
+        return {f"val/{source}/score": sum(v) / len(v) for source, v in sorted(by_source.items())}
 
     def close(self) -> None:
         self.log.close()
+        self.profiler.close()
         self.reward_pool.close()
 
     # -- checkpoints ------------------------------------------------------------------------------------------------
