@@ -13,7 +13,7 @@ pytestmark = pytest.mark.gpu
 def test_cuda_trainer_learns_with_a_synced_bf16_engine(tmp_path):
     trainer = make_trainer(
         tmp_path / "run",
-        ("actor_rollout_ref.rollout.gpu_memory_utilization=0.05", "trainer.save_freq=4"),
+        ("actor_rollout_ref.rollout.gpu_memory_utilization=0.5", "trainer.save_freq=4"),
         device="cuda",
     )
     try:
