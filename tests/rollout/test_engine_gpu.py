@@ -96,7 +96,36 @@ def test_kv_cache_sized_from_gpu_memory_utilization_and_released():
     llm.release()
     assert torch.cuda.memory_allocated() <= allocated - kv_bytes
     llm.resume()
-    greedy_tokens(llm, random_prompts([7], vocab=MEDIUM["vocab_size"]))  # graphs re-captured on the new cache
+    greedy_tokens(llm, random_prompts([7], vocab=MEDIUM["vocab_size"]))
+
+
+@pytest.mark.gpu
+def test_graphs_survive_release_resume_only_at_the_same_kv_address():
+    _, model = cuda_model()
+    prompts = random_prompts(LENGTHS, vocab=MEDIUM["vocab_size"])
+    expected = greedy_tokens(LLM(model, enforce_eager=True, num_kv_blocks=256), prompts)
+    llm = LLM(model, num_kv_blocks=256)
+    runner = llm.llm_engine.model_runner
+    assert greedy_tokens(llm, prompts) == expected
+    captures, old_ptr = runner.graphs.num_captures, runner.k_caches[0].data_ptr()
+    assert captures >= 1
+
+    llm.release()
+    llm.resume()
+    same_place = runner.k_caches[0].data_ptr() == old_ptr
+    assert greedy_tokens(llm, prompts) == expected
+    if same_place:  # nothing else allocated in between: the cache came back where the graphs expect it
+        assert runner.graphs.num_captures == captures
+
+    # Hold memory while resuming, so the new cache may land elsewhere: then the graphs must be re-captured.
+    llm.release()
+    blocker = torch.empty((runner.num_kv_blocks + 1) * runner.kv_block_bytes, dtype=torch.uint8, device="cuda")
+    llm.resume()
+    if runner.k_caches[0].data_ptr() != old_ptr:
+        assert not runner.graphs.graphs  # graphs of the old address are never replayed
+    assert greedy_tokens(llm, prompts) == expected
+    assert runner.graphs.kv_ptr == runner.k_caches[0].data_ptr()
+    del blocker
 
 
 @pytest.mark.gpu
@@ -160,7 +189,8 @@ def test_async_decode_launch_never_waits_for_the_device():
     launch, checked = runner.launch, []
 
     def checked_launch(batch):
-        if runner.graphs.captured and all(n == 1 for n in batch.num_new_tokens):
+        decode = all(n == 1 for n in batch.num_new_tokens)
+        if decode and runner.graphs.has(runner.graphs.bucket(len(batch.seqs))):
             torch.cuda.set_sync_debug_mode("error")
             try:
                 sampled = launch(batch)

@@ -5,9 +5,10 @@ them. Graphs are captured per bucketed batch size (1, 2, 4, 8, 16, then multiple
 and their static inputs ARE the leading rows of the runner's persistent device buffer (`StepBuffers.dev`), so a
 replay copies nothing: the step's one upload has already put the inputs there. A batch of N sequences replays the
 smallest bucket >= N, its padding rows (filled by `ModelRunner._prepare`) writing their KV into the runner's scratch
-block and attending to one token there. Capture is lazy (first decode step after construction or `resume`) and the
+block and attending to one token there. Capture is lazy, per bucket (the first decode step that needs it), and the
 graphs hold the KV cache's, the parameters' and the step buffer's addresses: weight updates copy in place, the step
-buffer lives as long as the runner, and `clear()` drops the graphs when the cache is released.
+buffer lives as long as the runner, and graphs survive a `release`/`resume` of the KV cache when the new cache lands
+at the old address (they are dropped when it does not).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = None
         self.hidden_ND: Tensor | None = None
+        self.kv_ptr: int | None = None  # the KV cache address the graphs hold
+        self.num_captures = 0
 
     def fits(self, num_seqs: int) -> bool:
         return num_seqs <= self.batch_sizes[-1]
@@ -45,43 +48,50 @@ class DecodeGraphs:
 
     def clear(self) -> None:
         self.graphs.clear()
-        self.pool, self.hidden_ND = None, None
+        self.pool, self.hidden_ND, self.kv_ptr = None, None, None
 
-    @property
-    def captured(self) -> bool:
-        return bool(self.graphs)
+    def has(self, bucket: int) -> bool:
+        return bucket in self.graphs
 
-    def capture(self) -> None:
-        """Capture every bucket. It overwrites the step buffer's decode rows: call it before a step's upload."""
+    def kv_cache_moved(self, kv_ptr: int) -> bool:
+        """Whether graphs exist that captured a KV cache at another address (they must not be replayed)."""
+        return self.kv_ptr is not None and self.kv_ptr != kv_ptr
+
+    def capture(self, bucket: int) -> None:
+        """Capture one bucket, the first time a decode step needs it: an RL rollout of fixed group sizes uses one or
+        a few buckets, so capturing all of them after every `resume` would cost more than it saves. It overwrites
+        the step buffer's first `bucket` decode rows: call it before a step's upload."""
         r, dev = self.runner, self.runner.device
-        b, largest = r.buffers.dev, self.batch_sizes[-1]
-        # Capture-time inputs: every row a padding row, so the warm-ups and captures write only the scratch block.
-        b["input_ids"][:largest].zero_()
-        b["prev_row"][:largest].fill_(-1)
-        b["positions"][:largest].zero_()
-        b["slot_mapping"][:largest].fill_(r.scratch_block * r.block_size)
-        b["context_lens"][:largest].fill_(1)
-        b["block_tables"][:largest].fill_(r.scratch_block)
-        self.hidden_ND = torch.zeros(largest, r.config.hidden_size, dtype=r.dtype, device=dev)
-        # Largest first, so the smaller graphs reuse its memory pool.
-        for bucket in reversed(self.batch_sizes):
-            md = AttentionMetadata(
-                slot_mapping_T=b["slot_mapping"][:bucket], num_prefill_tokens=0, cu_seqlens_q=[0], cu_seqlens_k=[0],
-                cu_seqlens_q_t=None, cu_seqlens_k_t=None, context_slots_C=None,
-                block_tables_NM=b["block_tables"][:bucket], context_lens_N=b["context_lens"][:bucket],
-            )  # fmt: skip
-            backend = PagedAttention(r.k_caches, r.v_caches, md)
-            positions = b["positions"][:bucket]
-            # warm-up: Triton autotuning and lazy inits happen outside capture
-            r.model(r.decode_input_ids(bucket), positions, backend)
-            torch.cuda.synchronize(dev)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                # The input-id gather is captured too: a replay reads the previous step's samples on the device.
-                self.hidden_ND[:bucket] = r.model(r.decode_input_ids(bucket), positions, backend)
-            if self.pool is None:
-                self.pool = graph.pool()
-            self.graphs[bucket] = graph
+        b = r.buffers.dev
+        # Capture-time inputs: every row a padding row, so the warm-up and capture write only the scratch block.
+        b["input_ids"][:bucket].zero_()
+        b["prev_row"][:bucket].fill_(-1)
+        b["positions"][:bucket].zero_()
+        b["slot_mapping"][:bucket].fill_(r.scratch_block * r.block_size)
+        b["context_lens"][:bucket].fill_(1)
+        b["block_tables"][:bucket].fill_(r.scratch_block)
+        if self.hidden_ND is None:
+            self.hidden_ND = torch.zeros(self.batch_sizes[-1], r.config.hidden_size, dtype=r.dtype, device=dev)
+        md = AttentionMetadata(
+            slot_mapping_T=b["slot_mapping"][:bucket], num_prefill_tokens=0, cu_seqlens_q=[0], cu_seqlens_k=[0],
+            cu_seqlens_q_t=None, cu_seqlens_k_t=None, context_slots_C=None,
+            block_tables_NM=b["block_tables"][:bucket], context_lens_N=b["context_lens"][:bucket],
+        )  # fmt: skip
+        backend = PagedAttention(r.k_caches, r.v_caches, md)
+        positions = b["positions"][:bucket]
+        # warm-up: Triton autotuning and lazy inits happen outside capture
+        r.model(r.decode_input_ids(bucket), positions, backend)
+        torch.cuda.synchronize(dev)
+        graph = torch.cuda.CUDAGraph()
+        # One memory pool for all buckets: graphs replay one at a time, so they can share it.
+        with torch.cuda.graph(graph, pool=self.pool):
+            # The input-id gather is captured too: a replay reads the previous step's samples on the device.
+            self.hidden_ND[:bucket] = r.model(r.decode_input_ids(bucket), positions, backend)
+        if self.pool is None:
+            self.pool = graph.pool()
+        self.graphs[bucket] = graph
+        self.kv_ptr = r.k_caches[0].data_ptr()
+        self.num_captures += 1
         torch.cuda.synchronize(dev)
 
     def replay(self, num_seqs: int, bucket: int) -> Tensor:

@@ -20,8 +20,9 @@ from `sampled_ids`, where every step leaves its sampled ids.
 
 CUDA only (`device.type == "cuda"`): the model's q/k/v and gate/up projections are fused (`fuse_projections`), the
 KV cache is sized from `gpu_memory_utilization` after a warm-up forward at `max_num_batched_tokens` measures the
-activation peak, and decode-only steps replay CUDA graphs captured at bucketed batch sizes (captured lazily at the
-first decode, dropped on `release_kv_cache`, since they hold the cache's addresses). On CPU the cache has a fixed
+activation peak, and decode-only steps replay CUDA graphs captured at bucketed batch sizes (each captured lazily at
+the first decode step that needs it; kept across `release_kv_cache` / `allocate_kv_cache` when the cache returns to
+the same address, dropped when it moves, since they hold the cache's addresses). On CPU the cache has a fixed
 byte budget and everything runs eagerly.
 """
 
@@ -302,12 +303,17 @@ class ModelRunner:
     def allocate_kv_cache(self) -> None:
         c = self.config
         shape = (2, c.num_hidden_layers, self.num_kv_blocks + 1, self.block_size, c.num_key_value_heads, c.head_dim)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # the trainer's cached blocks go back first: the old KV address is likeliest free
         cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.k_caches, self.v_caches = list(cache[0]), list(cache[1])
+        graphs = getattr(self, "graphs", None)
+        if graphs is not None and graphs.kv_cache_moved(self.k_caches[0].data_ptr()):
+            graphs.clear()
 
     def release_kv_cache(self) -> None:
-        if self.graphs is not None:
-            self.graphs.clear()
+        """Free the KV cache. The CUDA graphs are kept: they are never replayed without a cache, and
+        `allocate_kv_cache` drops them if the new cache is not where they captured the old one."""
         self.k_caches, self.v_caches = [], []
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -477,8 +483,8 @@ class ModelRunner:
         rows_N = self.rows.sync(batch.seqs)
         plan = self._prepare(batch, host, rows_N)
         self._sampling_inputs(batch, host, rows_N, plan)
-        if plan.use_graph and not self.graphs.captured:
-            self.graphs.capture()  # before the upload: capturing overwrites the buffer's decode rows
+        if plan.use_graph and not self.graphs.has(plan.bucket):
+            self.graphs.capture(plan.bucket)  # before the upload: capturing overwrites the buffer's decode rows
         dev = self.buffers.upload(num_block_table_rows=plan.bucket)  # the step's one host-to-device copy
         if plan.use_graph:
             hidden = self.graphs.replay(plan.num_decode, plan.bucket)
