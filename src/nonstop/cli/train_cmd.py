@@ -12,8 +12,9 @@ def register(subparsers) -> None:
         "train",
         help="train a policy with RL (GRPO, ...)",
         description="Train a policy with RL. Keys follow verl's (data.*, actor_rollout_ref.*, algorithm.*, "
-        "trainer.*); docs/configuration.md lists every key. Without CONFIG.yaml the embedded default run is used "
-        "(SmolLM2-135M-Instruct on the built-in nonstop/arith task), and key=value overrides apply on top of it. "
+        "trainer.*); docs/configuration.md lists every key. Without CONFIG.yaml and without data.train_files the "
+        "embedded default run is used (SmolLM2-135M-Instruct on the built-in nonstop/arith task), and key=value "
+        "overrides apply on top of it; with data.train_files, verl's defaults apply as in verl. "
         "Writes config.yaml and metrics.jsonl to trainer.default_local_dir.",
     )
     parser.add_argument("items", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
@@ -24,7 +25,10 @@ def config_from_args(items: list[str]):
     from nonstop.config import EMBEDDED_RUN_OVERRIDES, load_config
 
     path, overrides = split_config_args(items)
-    if path is None:
+    # The embedded run's sizes apply only to the built-in task: a pasted verl command line that names its own data
+    # (data.train_files=...) means what it meant in verl, on verl's defaults.
+    own_data = any(o.lstrip("+").startswith("data.train_files=") for o in overrides)
+    if path is None and not own_data:
         overrides = [*EMBEDDED_RUN_OVERRIDES, *overrides]
     return load_config(path, overrides)
 
