@@ -2,7 +2,7 @@
 # One device call: GRPO on GSM8K with SmolLM2-135M-Instruct (examples/gsm8k_smollm2.yaml) for a fixed number of
 # steps, deep profiles on two steps, then `nonstop doctor`. Expects /root/smollm2.gguf (assembled from the parts
 # carried in earlier calls) and .data/gsm8k (GSM8K's release files, carried). The run directory stays in /tmp (a
-# checkpoint is GBs); metrics, curves, profile summaries and the doctor report are copied to $OUT.
+# checkpoint is GBs); metrics, curves, profile summaries and plots go to $OUT/run.tgz, the doctor report to $OUT.
 #   STEPS=40 EXTRA="global_profiler.steps=[3,8]" bash scripts/gpu/train_gsm8k.sh
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
@@ -20,11 +20,5 @@ echo "train rc=$? $((SECONDS - t0))s"
 tr '\r' '\n' < "$OUT/train.log" | grep -v '^train:' | tail -n 30
 python3 -m nonstop doctor "$RUN" > "$OUT/doctor.txt" 2>&1; cat "$OUT/doctor.txt" | head -n 40
 python3 -m nonstop doctor "$RUN" --json > "$OUT/doctor.json" 2>/dev/null
-mkdir -p "$OUT/run"
-cp "$RUN"/metrics.jsonl "$RUN"/config.yaml "$RUN"/*.png "$OUT/run/" 2>/dev/null
-if [ -d "$RUN/profile" ]; then
-  mkdir -p "$OUT/run/profile"
-  cp "$RUN"/profile/*.json "$RUN"/profile/*.png "$OUT/run/profile/" 2>/dev/null
-  gzip -f "$OUT"/run/profile/*trace*.json 2>/dev/null
-fi
-ls -la "$OUT/run" "$OUT/run/profile" 2>/dev/null
+# One archive: the device returns a limited number of files. Kernel traces stay behind (tens of MB).
+tar czf "$OUT/run.tgz" -C "$(dirname "$RUN")" --exclude='*.trace.json*' "$(basename "$RUN")" && ls -la "$OUT/run.tgz"
