@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-from nonstop.models import CausalLM, ModelConfig
+from rollout_helpers import make_pair
+
 from nonstop.rollout import LLM, SamplingParams
 
 
 def test_on_finished_reports_each_prompt_when_it_finishes():
-    config = ModelConfig(
-        model_type="llama",
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-    )
-    model = CausalLM(config).init_weights(std=0.1)
-    llm = LLM(model, device="cpu", max_model_len=64, num_kv_blocks=32)
+    llm = LLM(make_pair("llama")[1], device="cpu", max_model_len=64, num_kv_blocks=32)
     budgets = [9, 3, 6]
     params = [
         SamplingParams(n=2, max_tokens=m, ignore_eos=True, temperature=1.0, seed=i) for i, m in enumerate(budgets)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from rollout_helpers import make_pair
 
-from nonstop.models import CausalLM, ModelConfig
 from nonstop.rollout import LLM, SamplingParams
 from nonstop.rollout.metrics import StepLogEntry, rollout_metrics
 from nonstop.rollout.scheduler import SchedulerStats
@@ -26,17 +26,7 @@ def test_tail_and_kv_fractions_by_hand():
 
 
 def tiny_llm(num_kv_blocks: int) -> LLM:
-    config = ModelConfig(
-        model_type="llama",
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-    )
-    return LLM(CausalLM(config).init_weights(std=0.1), device="cpu", max_model_len=64, num_kv_blocks=num_kv_blocks)
+    return LLM(make_pair("llama")[1], device="cpu", max_model_len=64, num_kv_blocks=num_kv_blocks)
 
 
 def test_engine_reports_a_long_tail_and_kv_pressure():
