@@ -26,6 +26,7 @@ import torch
 from nonstop.bench.env import copy_bandwidth, default_result_path, environment, write_result
 from nonstop.bench.shapes import hf_config_dict, model_config
 from nonstop.models.transformer import CausalLM
+from nonstop.profiling.intervals import merge
 
 WORKLOADS = ("fixed", "longtail", "nanovllm")
 
@@ -147,7 +148,7 @@ def decode_breakdown(llm, prompts, params, steps: int = 20) -> dict:
             buckets["sampling"] += dur
         else:
             buckets["other_kernels"] += dur
-    busy = _union_seconds(intervals)
+    busy = sum(e - s for s, e in merge(intervals)) / 1e6  # union of kernel intervals; profiler times are in µs
     out = {k: v / steps * 1e3 for k, v in buckets.items()}  # ms per step
     out["step_ms"] = wall / steps * 1e3
     out["gpu_busy_ms"] = busy / steps * 1e3
@@ -156,18 +157,6 @@ def decode_breakdown(llm, prompts, params, steps: int = 20) -> dict:
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
     out["top_kernels_ms"] = {name[:80]: t / steps * 1e3 for name, t in top}
     return out
-
-
-def _union_seconds(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, -1.0
-    for s, e in sorted(intervals):
-        if s > end:
-            total += e - s
-            end = e
-        elif e > end:
-            total += e - end
-            end = e
-    return total / 1e6  # profiler times are in microseconds
 
 
 def run_transformers(shape: str, model: CausalLM, prompts, out_lens, args) -> dict:
