@@ -9,7 +9,8 @@ from nonstop.profiling.phases import PHASES, STEP, metric_suffix, timing_key
 from nonstop.profiling.timeline import TIMELINE, read_jsonl
 
 MISSING_MATPLOTLIB = "matplotlib is not installed (pip install matplotlib): plots skipped"
-_COLORS = dict(zip(PHASES, [f"C{i}" for i in range(10)] + ["#8c564b", "#17becf"], strict=True))
+# Twelve distinct colours: the ten of the default cycle, then two it does not contain.
+_COLORS = dict(zip(PHASES, [f"C{i}" for i in range(10)] + ["#393b79", "#e7ba52"], strict=True))
 
 
 def _pyplot():
