@@ -6,6 +6,7 @@ from conftest import chat_length
 from nonstop.config.data import DataConfig
 from nonstop.data import PromptDataset, PromptRow, train_dataloader, val_dataloader, write_parquet
 from nonstop.data.arith import DATA_SOURCE
+from nonstop.data.build import prompt_dataset
 from nonstop.data.dataset import truncate
 from nonstop.models import encode_chat
 
@@ -35,6 +36,16 @@ def test_filter_overlong_prompts_counts_dropped(byte_tokenizer):
     dataset = PromptDataset(rows, byte_tokenizer, max_prompt_length=limit, filter_overlong_prompts=True)
     assert len(dataset) == 3 and dataset.num_filtered == 2 and dataset.num_truncated == 0
     assert [item.row.ground_truth for item in dataset] == ["0", "2", "4"]
+
+
+def test_builder_reports_what_max_prompt_length_dropped(byte_tokenizer, capsys):
+    rows = rows_of_lengths([5, 50, 10, 80, 20])
+    limit = chat_length(rows[4].prompt)
+    config = DataConfig(train_batch_size=1, max_prompt_length=limit, filter_overlong_prompts=True)
+    dataset = prompt_dataset(rows, config, byte_tokenizer)
+    assert len(dataset) == 3
+    err = capsys.readouterr().err
+    assert f"data (train): 3 of 5 prompts kept; over data.max_prompt_length={limit}: 2 dropped, 0 truncated" in err
 
 
 def test_overlong_prompt_with_truncation_error_names_the_prompt(byte_tokenizer):

@@ -39,17 +39,37 @@ def test_missing_file(tmp_path):
 
 def test_missing_function_lists_what_is_there(tmp_path):
     path = write(tmp_path, "def reward(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
-    with pytest.raises(AttributeError, match=r"name='compute_score'.*\['reward'\]"):
+    with pytest.raises(ValueError, match=r"name='compute_score'.*\['reward'\]"):
         load_custom_reward_fn(path, "compute_score")
 
 
 def test_not_callable(tmp_path):
     path = write(tmp_path, "compute_score = 3\n")
-    with pytest.raises(TypeError, match="is a int, not callable"):
+    with pytest.raises(ValueError, match="is a int, not callable"):
         load_custom_reward_fn(path, "compute_score")
 
 
 def test_wrong_signature(tmp_path):
     path = write(tmp_path, "def compute_score(solution_str, ground_truth):\n    return 1.0\n")
-    with pytest.raises(TypeError, match="must accept"):
+    with pytest.raises(ValueError, match="must accept"):
         load_custom_reward_fn(path, "compute_score")
+
+
+def test_reward_kwargs_reach_the_function_in_a_worker_process(tmp_path):
+    from nonstop.config import load_config
+    from nonstop.rewards import RewardPool
+
+    path = tmp_path / "scale.py"
+    path.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None, scale=1.0):\n"
+        "    return scale * float(solution_str == ground_truth)\n"
+    )
+    config = load_config(
+        None,
+        [f"custom_reward_function.path={path}", "+custom_reward_function.reward_kwargs.scale=0.5"],
+    )
+    with RewardPool.from_config(config.reward_model, config.custom_reward_function) as pool:
+        pool.submit("a", "src", "7", "7", {})
+        pool.submit("b", "src", "8", "7", {})
+        results = pool.collect(["a", "b"])
+    assert results["a"].score == 0.5 and results["b"].score == 0.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import check, check_positive_or_none
 from .spec import option, section
@@ -12,6 +13,7 @@ from .spec import option, section
 class CustomRewardFunctionConfig:
     path: str | None = option(None, "Python file defining the scoring function; null = built-in scorers by data_source")
     name: str = option("compute_score", "Function in that file: (data_source, solution_str, ground_truth, extra_info)")
+    reward_kwargs: dict[str, Any] = option({}, "Extra keyword arguments passed to that function on every call")
 
 
 @dataclass

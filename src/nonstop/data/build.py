@@ -3,6 +3,8 @@ batched."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from nonstop.config.data import DataConfig
@@ -43,8 +45,9 @@ def val_rows(config: DataConfig) -> list[PromptRow]:
     return select(rows, config.val_max_samples, config.validation_shuffle, config.seed)
 
 
-def prompt_dataset(rows: list[PromptRow], config: DataConfig, tokenizer) -> PromptDataset:
-    return PromptDataset(
+def prompt_dataset(rows: list[PromptRow], config: DataConfig, tokenizer, split: str = "train") -> PromptDataset:
+    """Tokenized prompts; what `data.max_prompt_length` dropped or cut is reported on one line."""
+    dataset = PromptDataset(
         rows,
         tokenizer,
         config.max_prompt_length,
@@ -52,6 +55,13 @@ def prompt_dataset(rows: list[PromptRow], config: DataConfig, tokenizer) -> Prom
         truncation=config.truncation,
         chat_template_kwargs=config.apply_chat_template_kwargs,
     )
+    if dataset.num_filtered or dataset.num_truncated:
+        print(
+            f"data ({split}): {len(dataset)} of {len(rows)} prompts kept; over data.max_prompt_length="
+            f"{config.max_prompt_length}: {dataset.num_filtered} dropped, {dataset.num_truncated} truncated",
+            file=sys.stderr,
+        )
+    return dataset
 
 
 def train_dataloader(config: DataConfig, tokenizer) -> PromptDataLoader:
@@ -65,7 +75,7 @@ def val_dataloader(config: DataConfig, tokenizer) -> PromptDataLoader | None:
     rows = val_rows(config)
     if not rows:
         return None
-    dataset = prompt_dataset(rows, config, tokenizer)
+    dataset = prompt_dataset(rows, config, tokenizer, split="val")
     return PromptDataLoader(
         dataset,
         config.val_batch_size or len(dataset),

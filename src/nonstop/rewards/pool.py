@@ -110,9 +110,10 @@ class RewardPool:
 
     @classmethod
     def from_config(cls, reward_model, custom_reward_function) -> RewardPool:
-        """From `reward_model.*` (num_workers, timeout_s) and `custom_reward_function.*` (path, name)."""
-        path = custom_reward_function.path
-        fn = load_custom_reward_fn(path, custom_reward_function.name) if path else default_compute_score
+        """From `reward_model.*` (num_workers, timeout_s) and `custom_reward_function.*` (path, name,
+        reward_kwargs)."""
+        crf = custom_reward_function
+        fn = load_custom_reward_fn(crf.path, crf.name, crf.reward_kwargs) if crf.path else default_compute_score
         return cls(fn, num_workers=reward_model.num_workers, timeout_s=reward_model.timeout_s)
 
     # --- caller side -------------------------------------------------------------------------------------------
