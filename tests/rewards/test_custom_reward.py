@@ -73,3 +73,12 @@ def test_reward_kwargs_reach_the_function_in_a_worker_process(tmp_path):
         pool.submit("b", "src", "8", "7", {})
         results = pool.collect(["a", "b"])
     assert results["a"].score == 0.5 and results["b"].score == 0.0
+
+
+def test_reward_kwargs_the_function_does_not_take_fail_at_load(tmp_path):
+    from nonstop.rewards.custom import load_custom_reward_fn
+
+    path = tmp_path / "plain.py"
+    path.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n")
+    with pytest.raises(ValueError, match="reward_kwargs by keyword"):
+        load_custom_reward_fn(str(path), "compute_score", {"scale": 0.5})

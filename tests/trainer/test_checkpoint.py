@@ -115,3 +115,32 @@ def test_export_writes_a_directory_transformers_loads(trainer_factory, tmp_path,
 def test_export_of_a_directory_without_checkpoint_is_an_error(tmp_path, capsys):
     assert main(["export", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
     assert "no checkpoint" in capsys.readouterr().err
+
+
+def test_pruning_never_deletes_the_checkpoint_just_saved(tmp_path):
+    root = tmp_path / "checkpoints"
+    for step in (3, 10, 20):  # 10 and 20: left by an earlier, longer run in the same directory
+        (root / f"global_step_{step}").mkdir(parents=True)
+    (root / "global_step_5").mkdir()  # the step just saved
+    ckpt_mod.prune_checkpoints(root, keep=1, current=5)
+    assert sorted(p.name for p in root.iterdir()) == ["global_step_10", "global_step_20", "global_step_5"]
+
+
+def test_val_only_validates_a_resumed_checkpoint_instead_of_training(trainer_factory, tmp_path):
+    trainer_factory(("trainer.total_training_steps=4", "trainer.save_freq=2"), run_dir=tmp_path / "r").fit()
+    again = trainer_factory(
+        ("trainer.total_training_steps=4", "trainer.val_only=True"), run_dir=tmp_path / "r", validate=True
+    )
+    history = again.fit()
+    assert len(history) == 1 and "val/test/seven/score" in history[0]
+    assert "critic/score/mean" not in history[0]  # nothing was trained
+
+
+def test_resume_drops_a_metrics_line_cut_short_by_a_crash(trainer_factory, tmp_path):
+    trainer_factory(("trainer.total_training_steps=2", "trainer.save_freq=2"), run_dir=tmp_path / "r").fit()
+    with (tmp_path / "r/metrics.jsonl").open("a") as f:
+        f.write('{"step": 3, "critic/sc')  # killed mid-write
+    resumed = trainer_factory(("trainer.total_training_steps=3",), run_dir=tmp_path / "r")
+    resumed.fit()
+    steps = [json.loads(line)["step"] for line in (tmp_path / "r/metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]

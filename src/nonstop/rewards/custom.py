@@ -15,7 +15,7 @@ from typing import Any
 _PROBE = dict(data_source="", solution_str="", ground_truth="", extra_info=None)
 
 
-def _load(path: str, name: str) -> Any:
+def _load(path: str, name: str, reward_kwargs: dict[str, Any] | None = None) -> Any:
     """The function, or a ValueError naming the key and what is wrong (the CLI prints it as one line)."""
     file = Path(path)
     if not file.is_file():
@@ -41,11 +41,11 @@ def _load(path: str, name: str) -> Any:
     if not callable(fn):
         raise ValueError(f"custom_reward_function.name={name!r}: {path}:{name} is a {type(fn).__name__}, not callable")
     try:
-        inspect.signature(fn).bind(**_PROBE)
+        inspect.signature(fn).bind(**{**_PROBE, **(reward_kwargs or {})})
     except TypeError as e:
         raise ValueError(
             f"custom_reward_function {path}:{name} must accept (data_source, solution_str, ground_truth, "
-            f"extra_info=None, **kwargs) by keyword: {e}"
+            f"extra_info=None, **kwargs) and any custom_reward_function.reward_kwargs by keyword: {e}"
         ) from None
     except ValueError:  # builtins without a signature: nothing to check
         pass
@@ -60,7 +60,7 @@ class CustomRewardFunction:
         """`reward_kwargs` (verl's `custom_reward_function.reward_kwargs`) are passed on every call."""
         self.path, self.name = str(Path(path).resolve()), name
         self.reward_kwargs = dict(reward_kwargs or {})
-        self._fn = _load(self.path, name)
+        self._fn = _load(self.path, name, self.reward_kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         result = self._fn(*args, **{**self.reward_kwargs, **kwargs})

@@ -96,11 +96,17 @@ def save_checkpoint(
         "numpy_random": _numpy_rng_state(),
     }
     (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=1) + "\n")
-    shutil.rmtree(final, ignore_errors=True)  # a step re-saved after a resume replaces its old copy
+    # A step saved again (after a resume) replaces its old copy: move it aside first, so only two renames, not a
+    # whole delete, separate the old complete copy from the new one.
+    old = root / f".old-{final.name}"
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        os.replace(final, old)
     os.replace(tmp, final)
     _write_atomically(root / LATEST_FILE, f"{state.step}\n")
+    shutil.rmtree(old, ignore_errors=True)
     if keep is not None:
-        prune_checkpoints(root, keep)
+        prune_checkpoints(root, keep, state.step)
     return final
 
 
@@ -127,9 +133,14 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     )
 
 
-def prune_checkpoints(root: Path, keep: int) -> None:
-    steps = sorted(int(m.group(1)) for p in root.iterdir() if (m := STEP_DIR.match(p.name)))
-    for step in steps[:-keep]:
+def prune_checkpoints(root: Path, keep: int, current: int) -> None:
+    """Keep `current` and the newest `keep - 1` steps before it. Steps after `current` (left by an earlier, longer
+    run in the same directory) are not counted and not touched: deleting by step number alone could delete the
+    checkpoint just saved."""
+    older = sorted(
+        int(m.group(1)) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and int(m.group(1)) < current
+    )
+    for step in older[: max(0, len(older) - (keep - 1))]:
         shutil.rmtree(step_dir(root, step))
 
 
@@ -191,7 +202,8 @@ def _numpy_rng_state() -> list[Any]:
 
 def _restore_rngs(tensors: dict[str, torch.Tensor], trainer_state: dict[str, Any]) -> None:
     torch.set_rng_state(tensors["torch_cpu"])
-    cuda_states = [tensors[k] for k in sorted(tensors) if k.startswith("torch_cuda_")]
+    cuda_keys = sorted((k for k in tensors if k.startswith("torch_cuda_")), key=lambda k: int(k.rsplit("_", 1)[1]))
+    cuda_states = [tensors[k] for k in cuda_keys]
     if cuda_states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(cuda_states[: torch.cuda.device_count()])
     version, internal, gauss = trainer_state["python_random"]

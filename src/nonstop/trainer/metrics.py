@@ -48,7 +48,9 @@ class MetricsLog:
         reads as if the run had never stopped."""
         kept = []
         if resume_step is not None and self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= resume_step]
+            kept = [
+                line for line in self.path.read_text().splitlines() if _step_of(line, resume_step + 1) <= resume_step
+            ]
         self.path.write_text("".join(line + "\n" for line in kept))
         if self.console:
             from tqdm import tqdm
@@ -77,6 +79,14 @@ class MetricsLog:
         for sink in self.sinks:
             sink.close()
         self.sinks = []
+
+
+def _step_of(line: str, unreadable: int) -> int:
+    """The step of a metrics line; `unreadable` for a line a crash cut short (dropped on resume)."""
+    try:
+        return json.loads(line)["step"]
+    except (json.JSONDecodeError, KeyError):
+        return unreadable
 
 
 def console_line(step: int, m: dict[str, float]) -> str:

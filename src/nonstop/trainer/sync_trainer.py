@@ -137,15 +137,16 @@ class SyncTrainer:
         self.log.start(self.total_steps, resumed)
         history = []
         try:
-            validate_first = trainer_cfg.val_before_train or trainer_cfg.val_only
-            if self.val_loader is not None and resumed is None and validate_first:
+            # val_only validates whatever was loaded (a resumed checkpoint included); val_before_train only a fresh run.
+            validate_first = trainer_cfg.val_only or (trainer_cfg.val_before_train and resumed is None)
+            if self.val_loader is not None and validate_first:
                 start_val = time.perf_counter()
-                val_metrics = self.validate(step=0)
+                val_metrics = self.validate(step=start)
                 val_metrics["timing_s/testing"] = time.perf_counter() - start_val
-                self.log.write(0, val_metrics)
+                self.log.write(start, val_metrics)
                 history.append(val_metrics)
-                if trainer_cfg.val_only:
-                    return history
+            if trainer_cfg.val_only:
+                return history
             for step in range(start + 1, self.total_steps + 1):
                 metrics = self.step(step)
                 self.log.write(step, metrics)
