@@ -32,9 +32,10 @@ def test_resume_reproduces_uninterrupted_metrics(trainer_factory, tmp_path, monk
     real_step = crashed.step
 
     def crash_at_5(step):
-        if step == 5:
+        metrics = real_step(step)
+        if step == 5:  # after step 5 ran, before it was logged or checkpointed
             raise RuntimeError("simulated crash")
-        return real_step(step)
+        return metrics
 
     monkeypatch.setattr(crashed, "step", crash_at_5)
     with pytest.raises(RuntimeError, match="simulated crash"):
@@ -52,6 +53,8 @@ def test_resume_reproduces_uninterrupted_metrics(trainer_factory, tmp_path, monk
     assert not differing, differing
     for p_a, p_b in zip(uninterrupted.model.parameters(), resumed.model.parameters(), strict=True):
         assert torch.equal(p_a, p_b)
+    timeline = (tmp_path / "b/profile/timeline.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in timeline] == [1, 2, 3, 4, 5, 6]  # step 5's first try forgotten
 
 
 def test_crash_during_save_keeps_previous_checkpoint(trainer_factory, tmp_path, monkeypatch):

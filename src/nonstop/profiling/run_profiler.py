@@ -24,7 +24,7 @@ from nonstop.profiling.nvml import NvmlSampler
 from nonstop.profiling.phases import STEP
 from nonstop.profiling.plots import write_plots
 from nonstop.profiling.recorder import PhaseRecorder, StepRecord
-from nonstop.profiling.timeline import append_timeline
+from nonstop.profiling.timeline import append_timeline, restart_timeline
 
 SUMMARY = "summary.json"
 
@@ -64,6 +64,10 @@ class RunProfiler:
             continuous=config.profile_continuous_steps,
             sampler=NvmlSampler.for_device(device),
         )
+
+    def start(self, resume_step: int | None) -> None:
+        """At the start of `fit`: the timeline forgets what a resumed run is about to redo (or all of a fresh run's)."""
+        restart_timeline(self.profile_dir, resume_step)
 
     @contextmanager
     def step(self, step: int) -> Iterator[PhaseRecorder]:

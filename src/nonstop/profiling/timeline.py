@@ -37,6 +37,16 @@ def append_timeline(profile_dir: Path, step: int, record: StepRecord) -> None:
         f.write(json.dumps(timeline_row(step, record)) + "\n")
 
 
+def restart_timeline(profile_dir: Path, resume_step: int | None) -> None:
+    """A fresh run starts an empty timeline; a resumed one keeps the rows up to its checkpoint's step, so steps
+    re-run after a crash are not recorded twice."""
+    path = profile_dir / TIMELINE
+    if not path.is_file():
+        return
+    kept = [row for row in read_jsonl(path) if resume_step is not None and row.get("step", 0) <= resume_step]
+    path.write_text("".join(json.dumps(row) + "\n" for row in kept))
+
+
 def read_jsonl(path: Path) -> list[dict]:
     """Rows of a JSON-lines file; a half-written last line (a run killed mid-write) is skipped."""
     if not path.is_file():

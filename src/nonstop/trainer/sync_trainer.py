@@ -135,6 +135,7 @@ class SyncTrainer:
             dataclasses.asdict(self.config),
         )
         self.log.start(self.total_steps, resumed)
+        self.profiler.start(resumed)
         history = []
         try:
             # val_only validates whatever was loaded (a resumed checkpoint included); val_before_train only a fresh run.
