@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -47,11 +48,13 @@ class RolloutBatch:
     def __len__(self) -> int:
         return len(self.samples)
 
-    @property
+    # Cached: a batch's samples do not change after generation, and the update indexes these per sample of every
+    # micro-batch (rebuilding the list there made that quadratic in the batch size).
+    @cached_property
     def response_lengths(self) -> list[int]:
         return [len(s.response_token_ids) for s in self.samples]
 
-    @property
+    @cached_property
     def total_lengths(self) -> list[int]:
         return [len(s.prompt_token_ids) + len(s.response_token_ids) for s in self.samples]
 

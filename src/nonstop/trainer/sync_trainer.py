@@ -84,22 +84,9 @@ class SyncTrainer:
         )
         self.total_steps = config.trainer.total_training_steps or config.trainer.total_epochs * len(train_loader)
         rollout = arr.rollout
-        self.sampling_params = SamplingParams(
-            n=rollout.n,
-            temperature=rollout.temperature if rollout.do_sample else 0.0,
-            top_k=rollout.top_k,
-            top_p=rollout.top_p,
-            max_tokens=config.data.max_response_length,
-            ignore_eos=rollout.ignore_eos,
-        )
-        val = rollout.val_kwargs
-        self.val_sampling_params = SamplingParams(
-            n=val.n,
-            temperature=val.temperature if val.do_sample else 0.0,
-            top_k=val.top_k,
-            top_p=val.top_p,
-            max_tokens=config.data.max_response_length,
-        )
+        max_tokens = config.data.max_response_length
+        self.sampling_params = sampling_params(rollout, max_tokens, ignore_eos=rollout.ignore_eos)
+        self.val_sampling_params = sampling_params(rollout.val_kwargs, max_tokens)
         device = next(model.parameters()).device
         self.actor = Actor(
             model, arr.actor, rollout.n, self.total_steps, self.sampling_params.temperature, compute_dtype
@@ -112,7 +99,6 @@ class SyncTrainer:
         self.log = MetricsLog(self.run_dir, console=console)
         self.device = device
         self.profiler = RunProfiler.from_config(config.global_profiler, self.run_dir, device)
-        self._flops: dict[str, int] = {}
         self.num_params = sum(p.numel() for p in model.parameters())
         self.nonfinite_streak = 0
         self.probe_prompts: list[list[int]] | None = None
@@ -165,7 +151,7 @@ class SyncTrainer:
         trainer_cfg = self.config.trainer
         last = step == self.total_steps
         with self.profiler.step(step) as rec:
-            metrics = self._train_step(step, rec)
+            metrics, flops = self._train_step(step, rec)
             freq = trainer_cfg.test_freq
             if self.val_loader is not None and freq > 0 and (step % freq == 0 or last):
                 with rec("validation"):
@@ -179,11 +165,13 @@ class SyncTrainer:
         step_s = metrics["timing_s/step"]
         metrics["perf/time_per_step"] = step_s
         metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / max(step_s, 1e-9)
-        metrics.update(model_flops_metrics(self.num_params, timings=metrics, device=self.device, **self._flops))
+        metrics.update(model_flops_metrics(self.num_params, timings=metrics, device=self.device, **flops))
         metrics["training/global_step"] = float(step)
         return metrics
 
-    def _train_step(self, step: int, rec: PhaseRecorder) -> dict[str, float]:
+    def _train_step(self, step: int, rec: PhaseRecorder) -> tuple[dict[str, float], dict[str, int]]:
+        """The step's phases; returns its metrics and the token counts `model_flops_metrics` needs once the step's
+        time is known."""
         cfg = self.config
         extra: dict[str, float] = {}
         with rec("data"):
@@ -193,7 +181,7 @@ class SyncTrainer:
         prefix = f"train-{step}"
         with rec("gen") as span:
             batch = self._generate(prompts, self.sampling_params, step, prefix, extra)
-            span.tokens = sum(batch.total_lengths)
+            span.tokens = tokens = sum(batch.total_lengths)
         rollout_metrics = dict(self.llm.metrics)  # before anything else generates
         with rec("reward"):
             scores_B = self._collect_scores(batch, prefix)
@@ -217,7 +205,7 @@ class SyncTrainer:
         skipped_before = self.actor.skipped_steps
         with rec("update_actor") as span:
             actor_metrics = self.actor.update(batch, advantages_BL, old_log_prob_BL, ref_log_prob_BL)
-            span.tokens = sum(batch.total_lengths) * cfg.actor_rollout_ref.actor.ppo_epochs
+            span.tokens = tokens * cfg.actor_rollout_ref.actor.ppo_epochs
         with rec("update_weights"):
             self._sync_weights()
         self.nonfinite_streak = self.nonfinite_streak + 1 if self.actor.skipped_steps > skipped_before else 0
@@ -226,14 +214,14 @@ class SyncTrainer:
         metrics.update(self.reward_pool.pop_metrics())
         metrics.update(rollout_metrics)
         metrics.update(extra)
-        metrics["perf/total_num_tokens"] = float(sum(batch.total_lengths))
-        self._flops = {
+        metrics["perf/total_num_tokens"] = float(tokens)
+        flops = {
             "prompt_tokens": sum(len(s.prompt_token_ids) for s in batch.samples),
             "response_tokens": sum(batch.response_lengths),
             "trained_passes": cfg.actor_rollout_ref.actor.ppo_epochs,
             "extra_forward_passes": int(old_log_prob_BL is not None) + int(ref_log_prob_BL is not None),
         }
-        return metrics
+        return metrics, flops
 
     @torch.no_grad()
     def validate(self, step: int) -> dict[str, float]:
@@ -360,6 +348,18 @@ class SyncTrainer:
             self.llm.reset_prefix_cache()  # same tensors: only KV cached under the old weights is stale
         else:
             self.llm.update_weights(self.model.named_parameters())
+
+
+def sampling_params(section: Any, max_tokens: int, ignore_eos: bool = False) -> SamplingParams:
+    """From `rollout.*` or `rollout.val_kwargs.*` (the same sampling keys): greedy unless `do_sample`."""
+    return SamplingParams(
+        n=section.n,
+        temperature=section.temperature if section.do_sample else 0.0,
+        top_k=section.top_k,
+        top_p=section.top_p,
+        max_tokens=max_tokens,
+        ignore_eos=ignore_eos,
+    )
 
 
 def _loader_state(loader: Any) -> dict[str, Any] | None:
