@@ -13,7 +13,8 @@ MISSING_MATPLOTLIB = "matplotlib is not installed (pip install matplotlib): plot
 _COLORS = dict(zip(PHASES, [f"C{i}" for i in range(10)] + ["#393b79", "#e7ba52"], strict=True))
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend; ImportError with `MISSING_MATPLOTLIB` when absent."""
     try:
         import matplotlib
     except ImportError as e:
@@ -27,7 +28,7 @@ def _pyplot():
 def write_plots(run_dir: Path, profile_dir: Path, traces: list[dict]) -> list[str]:
     """Both plots from `metrics.jsonl`, `profile/timeline.jsonl` and the trace analyses; returns the file names
     written. Raises ImportError with `MISSING_MATPLOTLIB` when matplotlib is absent."""
-    plt = _pyplot()
+    plt = pyplot()
     profile_dir.mkdir(parents=True, exist_ok=True)
     written = []
     timeline = read_jsonl(profile_dir / TIMELINE)

@@ -24,7 +24,7 @@ from nonstop.profiling.nvml import NvmlSampler
 from nonstop.profiling.phases import STEP
 from nonstop.profiling.plots import write_plots
 from nonstop.profiling.recorder import PhaseRecorder, StepRecord
-from nonstop.profiling.timeline import append_timeline, restart_timeline
+from nonstop.profiling.timeline import TIMELINE, append_timeline, truncate_steps
 
 SUMMARY = "summary.json"
 
@@ -67,7 +67,7 @@ class RunProfiler:
 
     def start(self, resume_step: int | None) -> None:
         """At the start of `fit`: the timeline forgets what a resumed run is about to redo (or all of a fresh run's)."""
-        restart_timeline(self.profile_dir, resume_step)
+        truncate_steps(self.profile_dir / TIMELINE, resume_step)
 
     @contextmanager
     def step(self, step: int) -> Iterator[PhaseRecorder]:

@@ -37,13 +37,12 @@ def append_timeline(profile_dir: Path, step: int, record: StepRecord) -> None:
         f.write(json.dumps(timeline_row(step, record)) + "\n")
 
 
-def restart_timeline(profile_dir: Path, resume_step: int | None) -> None:
-    """A fresh run starts an empty timeline; a resumed one keeps the rows up to its checkpoint's step, so steps
-    re-run after a crash are not recorded twice."""
-    path = profile_dir / TIMELINE
+def truncate_steps(path: Path, last_step: int | None) -> None:
+    """Keep the rows of a per-step JSON-lines file up to `last_step` (none for None): a fresh run starts empty, a
+    resumed one forgets the steps it is about to run again. A half-written last line is dropped."""
     if not path.is_file():
         return
-    kept = [row for row in read_jsonl(path) if resume_step is not None and row.get("step", 0) <= resume_step]
+    kept = [row for row in read_jsonl(path) if last_step is not None and row.get("step", 0) <= last_step]
     path.write_text("".join(json.dumps(row) + "\n" for row in kept))
 
 

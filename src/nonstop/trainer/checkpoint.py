@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from nonstop.models.hf_loader import iter_safetensors, safetensors_files
 from nonstop.models.save import save_hf
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
@@ -114,7 +115,7 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     """Restore weights and optimizer in place and the global RNGs; returns the rest for the trainer to apply."""
     path = Path(path)
     trainer_state = json.loads((path / "trainer_state.json").read_text())
-    weights = _read_weights(path / "actor")
+    weights = dict(iter_safetensors(safetensors_files(path / "actor")))
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name not in weights:
@@ -151,13 +152,6 @@ def _write_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(f".tmp-{path.name}")
     tmp.write_text(text)
     os.replace(tmp, path)
-
-
-def _read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
-    weights: dict[str, torch.Tensor] = {}
-    for file in sorted(model_dir.glob("model*.safetensors")):
-        weights.update(load_file(file))
-    return weights
 
 
 def _flatten_optimizer(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:

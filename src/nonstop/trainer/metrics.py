@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from nonstop.profiling.timeline import truncate_steps
 from nonstop.trainer.loggers import MetricSink
 from nonstop.trainer.rollout_batch import RolloutBatch
 
@@ -46,12 +47,8 @@ class MetricsLog:
     def start(self, total_steps: int, resume_step: int | None) -> None:
         """A fresh run empties `metrics.jsonl`; a resumed one keeps the rows up to its checkpoint's step, so the file
         reads as if the run had never stopped."""
-        kept = []
-        if resume_step is not None and self.path.exists():
-            kept = [
-                line for line in self.path.read_text().splitlines() if _step_of(line, resume_step + 1) <= resume_step
-            ]
-        self.path.write_text("".join(line + "\n" for line in kept))
+        truncate_steps(self.path, resume_step)
+        self.path.touch()
         if self.console:
             from tqdm import tqdm
 
@@ -79,14 +76,6 @@ class MetricsLog:
         for sink in self.sinks:
             sink.close()
         self.sinks = []
-
-
-def _step_of(line: str, unreadable: int) -> int:
-    """The step of a metrics line; `unreadable` for a line a crash cut short (dropped on resume)."""
-    try:
-        return json.loads(line)["step"]
-    except (json.JSONDecodeError, KeyError):
-        return unreadable
 
 
 def console_line(step: int, m: dict[str, float]) -> str:

@@ -3,29 +3,23 @@ the end of a run."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
+from nonstop.profiling.plots import pyplot
+from nonstop.profiling.timeline import read_jsonl
+
 CURVES_FILE = "curves.png"
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def plot_curves(run_dir: Path) -> Path | None:
     """Write the curves PNG; None (with a one-line note) when matplotlib is missing or nothing was logged."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # files only: no display on training machines
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no curves.png (pip install matplotlib)", file=sys.stderr)
+        plt = pyplot()
+    except ImportError as e:
+        print(f"{e}: no {CURVES_FILE}", file=sys.stderr)
         return None
-    rows = read_metrics(run_dir)
+    rows = read_jsonl(Path(run_dir) / "metrics.jsonl")
     train = [(r["step"], r["critic/score/mean"]) for r in rows if r.get("critic/score/mean") is not None]
     val_keys = sorted({k for r in rows for k in r if k.startswith("val/") and k.endswith("/score")})
     if not train and not val_keys:
