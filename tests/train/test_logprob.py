@@ -42,6 +42,50 @@ def test_chunked_equals_full(seed, T, D, V, temperature, chunk_size):
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5 * max(1.0, y.abs().max().item()), msg=name)
 
 
+def bf16_matmul_reference(hidden, weight, target, temperature=1.0):
+    """The plain computation with the logits matmul in bf16 (its output upcast), everything after it fp32."""
+    logits = (hidden.bfloat16() @ weight.bfloat16().T).float() / temperature
+    logp = torch.log_softmax(logits, dim=-1)
+    return logp.gather(1, target[:, None]).squeeze(1), -(logp.exp() * logp).sum(-1)
+
+
+@pytest.mark.parametrize("chunk_size", [16, 1024])
+def test_bf16_matmul_equals_the_plain_bf16_matmul_computation(chunk_size):
+    """`matmul_dtype=bf16` (what CUDA autocast selects): the matmuls round like the plain bf16 matmul, so the
+    values match it to fp32 accuracy and the gradients to bf16 rounding; and it is not the fp32 computation."""
+    hidden, weight, target, a, b = make_inputs(7, 64, 32, 300)
+    ref = grads(bf16_matmul_reference, hidden, weight, target, a, b, temperature=0.8)
+    out = grads(
+        chunked_logprobs_and_entropy,
+        hidden,
+        weight,
+        target,
+        a,
+        b,
+        temperature=0.8,
+        chunk_size=chunk_size,
+        matmul_dtype=torch.bfloat16,
+    )
+    fp32 = grads(full_logprobs_and_entropy, hidden, weight, target, a, b, temperature=0.8)
+    torch.testing.assert_close(out[0], ref[0], rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(out[1], ref[1], rtol=1e-5, atol=1e-4)
+    for name, x, y in zip(("grad hidden", "grad weight"), out[2:], ref[2:], strict=True):
+        assert x.dtype == torch.float32
+        torch.testing.assert_close(x, y, rtol=2e-2, atol=2e-2 * y.abs().max().item(), msg=name)
+    assert (out[0] - fp32[0]).abs().max() > 1e-4, "bf16 matmul gave fp32 values: matmul_dtype was ignored"
+
+
+def test_autocast_selects_the_matmul_dtype():
+    """Under autocast the matmul runs in the autocast dtype (CPU autocast stands in for CUDA's here)."""
+    hidden, weight, target, _, _ = make_inputs(8, 40, 16, 200)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        logp, _ = chunked_logprobs_and_entropy(hidden, weight, target, chunk_size=16)
+    torch.testing.assert_close(logp, bf16_matmul_reference(hidden, weight, target)[0].detach(), rtol=1e-5, atol=1e-4)
+    with torch.no_grad():
+        plain, _ = chunked_logprobs_and_entropy(hidden, weight, target, chunk_size=16)
+    torch.testing.assert_close(plain, full_logprobs_and_entropy(hidden, weight, target)[0], rtol=1e-5, atol=1e-5)
+
+
 def test_logprob_only_gradient_and_no_entropy():
     hidden, weight, target, a, _ = make_inputs(4, 20, 16, 40)
     logp, entropy = chunked_logprobs_and_entropy(hidden, weight, target, chunk_size=7, compute_entropy=False)
