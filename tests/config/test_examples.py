@@ -77,3 +77,23 @@ def test_migration_page_lists_every_unsupported_rule():
     page = (EXAMPLES.parent / "docs" / "migrating-from-verl.md").read_text()
     missing = [rule.pattern for rule in RULES if f"| `{rule.pattern}` |" not in page]
     assert not missing, f"add rows for {missing} to the unsupported-keys table of docs/migrating-from-verl.md"
+
+
+@pytest.mark.parametrize(
+    ("response", "ground_truth", "expected"),
+    [
+        ("3 + 4 = 7 apples.\n#### 7", "7", {"score": 1.0, "acc": 1.0}),
+        ("#### 1,234", "1234", {"score": 1.0, "acc": 1.0}),  # verl's rule drops commas in the marked answer
+        ("3 + 4 = 8 apples.\n#### 8", "7", {"score": 0.1, "acc": 0.0}),  # well formed, wrong: the format bonus
+        ("The answer is 7.", "7", {"score": 0.0, "acc": 0.0}),  # right number, no "####": the strict rule says 0
+    ],
+)
+def test_gsm8k_format_reward(response, ground_truth, expected):
+    fn = load_custom_reward_fn(str(EXAMPLES / "gsm8k_reward.py"), "compute_score", {"format_score": 0.1})
+    assert fn(data_source="openai/gsm8k", solution_str=response, ground_truth=ground_truth) == expected
+
+
+def test_gsm8k_example_uses_the_format_reward():
+    cfg = load_config(str(EXAMPLES / "gsm8k_smollm2.yaml"))
+    assert cfg.custom_reward_function.path == "examples/gsm8k_reward.py"
+    assert cfg.custom_reward_function.reward_kwargs == {"format_score": 0.1}

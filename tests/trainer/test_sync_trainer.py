@@ -6,6 +6,9 @@ import dataclasses
 import json
 
 import pytest
+from trainer_helpers import seven_fraction
+
+from nonstop.rewards import RewardPool
 
 VERL_KEYS = (
     "critic/score/mean",
@@ -184,3 +187,23 @@ def test_micro_batch_metrics_follow_the_token_budget(trainer_factory):
     assert m["actor/micro_batch_tokens_mean"] <= 30
     assert m["actor/num_micro_batches"] >= total / 30
     assert m["actor/pad_frac"] == 0.0
+
+
+def seven_fraction_with_acc(data_source, solution_str, ground_truth, extra_info=None):
+    """A shaped score (0.1 for any 7) beside the plain accuracy, and a non-numeric key validation must skip."""
+    fraction = seven_fraction(data_source, solution_str, ground_truth, extra_info)
+    return {"score": 0.1 + 0.9 * fraction if fraction > 0 else 0.0, "acc": float(fraction == 1.0), "pred": "text"}
+
+
+def test_validation_reports_the_numeric_keys_of_dict_rewards(trainer_factory):
+    trainer = trainer_factory(("trainer.total_training_steps=1", "trainer.val_before_train=True"), validate=True)
+    trainer.reward_pool.close()
+    trainer.reward_pool = RewardPool(seven_fraction_with_acc, num_workers=0)
+    metrics = trainer.validate(0)
+    assert sorted(metrics) == ["val/test/seven/acc", "val/test/seven/score"]
+    # Recompute both means from the same greedy generations, scored directly.
+    batch = trainer._generate(trainer.val_loader.next_batch(), trainer.val_sampling_params, 0, "check")
+    texts = [trainer.tokenizer.decode(s.response_token_ids, skip_special_tokens=True) for s in batch.samples]
+    expected = [seven_fraction_with_acc("test/seven", t, None) for t in texts]
+    assert metrics["val/test/seven/score"] == pytest.approx(sum(e["score"] for e in expected) / len(expected))
+    assert metrics["val/test/seven/acc"] == pytest.approx(sum(e["acc"] for e in expected) / len(expected))

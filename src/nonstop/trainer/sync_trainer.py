@@ -225,16 +225,22 @@ class SyncTrainer:
 
     @torch.no_grad()
     def validate(self, step: int) -> dict[str, float]:
-        """Greedy (per `rollout.val_kwargs`) over one pass of the validation loader: `val/<data_source>/score`."""
-        by_source: dict[str, list[float]] = {}
+        """Greedy (per `rollout.val_kwargs`) over one pass of the validation loader: `val/<data_source>/score`, and
+        `val/<data_source>/<key>` for each numeric key a reward function's dict result adds (e.g. `acc` beside a
+        shaped `score`), averaged over the samples that have it."""
+        values: dict[tuple[str, str], list[float]] = {}
         for i in range(len(self.val_loader)):
             prefix = f"val-{step}-{i}"
             batch = self._generate(self.val_loader.next_batch(), self.val_sampling_params, step, prefix)
-            scores_B = self._collect_scores(batch, prefix)
-            for sample, score in zip(batch.samples, scores_B.tolist(), strict=True):
-                by_source.setdefault(sample.data_source, []).append(score)
+            ids = [f"{prefix}-{j}" for j in range(len(batch))]
+            results = self.reward_pool.collect(ids)
+            for sample, sample_id in zip(batch.samples, ids, strict=True):
+                result = results[sample_id]
+                numeric = {k: v for k, v in result.extra.items() if isinstance(v, int | float) and k != "score"}
+                for key, value in {"score": result.score, **numeric}.items():
+                    values.setdefault((sample.data_source, key), []).append(float(value))
         self.reward_pool.pop_metrics()  # validation scoring is not the step's reward work
-        return {f"val/{source}/score": sum(v) / len(v) for source, v in sorted(by_source.items())}
+        return {f"val/{source}/{key}": sum(v) / len(v) for (source, key), v in sorted(values.items())}
 
     def close(self) -> None:
         self.log.close()
