@@ -21,7 +21,8 @@ def plot_curves(run_dir: Path) -> Path | None:
         return None
     rows = read_jsonl(Path(run_dir) / "metrics.jsonl")
     train = [(r["step"], r["critic/score/mean"]) for r in rows if r.get("critic/score/mean") is not None]
-    val_keys = sorted({k for r in rows for k in r if k.startswith("val/") and k.endswith("/score")})
+    # Every numeric validation key (score, and e.g. acc from a dict reward); step is not one.
+    val_keys = sorted({k for r in rows for k, v in r.items() if k.startswith("val/") and isinstance(v, int | float)})
     if not train and not val_keys:
         return None
     fig, (ax_score, ax_len) = plt.subplots(1, 2, figsize=(11, 4))
