@@ -21,14 +21,15 @@ from nonstop.data import TokenizedPrompt  # noqa: E402
 from nonstop.rewards import RewardPool, load_custom_reward_fn  # noqa: E402
 from nonstop.rollout import LLM  # noqa: E402
 
-# The trainer tests' reward (fraction of response tokens equal to 7), 50 ms per sample: a scorer slower than the
-# tiny model generates, in a file so the reward worker process can load it.
+# The trainer tests' reward (fraction of response tokens equal to 7), 100 ms per sample: a scorer slower than the
+# tiny model generates, in a file so the reward worker process can load it. 800 ms of scoring per step outweighs the
+# "tiny micro-batches" estimate (about the update's time) even on a loaded 2-core machine; at 50 ms it did not.
 SLOW_REWARD = """
 import time
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    time.sleep(0.05)
+    time.sleep(0.1)
     tokens = solution_str.split()
     return sum(t == "7" for t in tokens) / max(1, len(tokens))
 """
@@ -103,8 +104,9 @@ def test_slow_reward_function_ranks_first(tmp_path, capsys):
     )
     first = doctor(real_run(tmp_path, overrides, plant=one_slow_worker), capsys)[0]
     assert first["cause"] == "reward_on_critical_path"
-    assert measured(first, r"([\d.]+) ms of scoring per sample") >= 50
-    assert measured(first, r"\((\d+)% of step time\)") >= 50
+    assert measured(first, r"([\d.]+) ms of scoring per sample") >= 100
+    # About 70% on an idle machine; on a 2-core machine shared with other jobs the rest of the step slows too.
+    assert measured(first, r"\((\d+)% of step time\)") >= 25
 
 
 def test_tiny_kv_budget_ranks_first(tmp_path, capsys):
