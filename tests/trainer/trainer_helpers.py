@@ -122,7 +122,7 @@ def make_trainer(
         model,
         tokenizer,
         llm,
-        FixedPrompts(config.data.train_batch_size, seed),
+        FixedPrompts(config.data.gen_batch_size, seed),
         RewardPool(seven_fraction, num_workers=0),
         val_loader=FixedPrompts(8, seed + 100, num_batches=1) if validate else None,
         ref_model=copy.deepcopy(model).requires_grad_(False) if config.actor_rollout_ref.actor.use_kl_loss else None,
