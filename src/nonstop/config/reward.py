@@ -23,7 +23,9 @@ class CustomRewardFunctionConfig:
 @dataclass
 class RewardModelModelConfig:
     path: str | None = option(None, "Reward model (HF sequence classifier)")
-    input_tokenizer: str | None = option(None, "Tokenizer of the policy, to re-tokenize; null = the actor's")
+    input_tokenizer: str | None = option(
+        None, "verl's policy tokenizer for decoding before the RM's chat template; nonstop always uses the actor's"
+    )
 
 
 @dataclass
@@ -40,7 +42,7 @@ class OverlongBufferConfig:
 
 @dataclass
 class RewardModelConfig:
-    enable: bool = option(False, "Score with a reward model (besides any rule scorer)")
+    enable: bool = option(False, "Score with a reward model (with or instead of the rule scorer: see combine)")
     model: RewardModelModelConfig = section(RewardModelModelConfig, "Reward model")
     combine: str = option(
         "replace", "(nonstop) Reward-model score with rule scores: replace (verl: the model's score only) or sum"
