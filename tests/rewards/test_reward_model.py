@@ -134,3 +134,13 @@ def test_trainer_with_a_reward_model(rm_path, tmp_path, combine):
     if combine == "sum":
         expected_B += torch.tensor([seven_fraction("", decode(s.response_token_ids), "") for s in batch.samples])
     torch.testing.assert_close(scores_B, expected_B, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_bf16_scores_on_cuda_match_fp32_on_cpu(rm_path):
+    cuda = RewardModel.from_config(
+        reward_model_cfg(rm_path, "reward_model.micro_batch_size_per_gpu=2"), torch.device("cuda")
+    )
+    cpu = RewardModel.from_config(reward_model_cfg(rm_path), torch.device("cpu"))
+    assert next(cuda.model.parameters()).dtype == torch.bfloat16
+    torch.testing.assert_close(cuda.score_texts(TEXTS), cpu.score_texts(TEXTS), rtol=0.05, atol=0.05)
