@@ -19,7 +19,7 @@ YAMLS = sorted(EXAMPLES.glob("*.yaml"))
 
 def test_examples_exist():
     names = {p.name for p in YAMLS}
-    assert {"arith_smollm2.yaml", "gsm8k_smollm2.yaml", "qwen2_5_0_5b_throughput.yaml"} <= names
+    assert {"arith_smollm2.yaml", "dapo_smollm2.yaml", "gsm8k_smollm2.yaml", "qwen2_5_0_5b_throughput.yaml"} <= names
 
 
 @pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.name)
@@ -47,6 +47,19 @@ def test_throughput_example_is_the_benchmark_workload():
     rollout = cfg.actor_rollout_ref.rollout
     assert (cfg.data.train_batch_size, rollout.n, cfg.data.max_response_length) == (8, 8, 256)
     assert rollout.ignore_eos
+
+
+def test_dapo_example_has_the_recipes_settings():
+    cfg = load_config(str(EXAMPLES / "dapo_smollm2.yaml"))
+    actor, algorithm = cfg.actor_rollout_ref.actor, cfg.algorithm
+    assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.loss_agg_mode) == (0.2, 0.28, "token-mean")
+    assert not actor.use_kl_loss and not algorithm.use_kl_in_reward
+    assert algorithm.filter_groups.enable and algorithm.filter_groups.metric == "acc"
+    assert algorithm.filter_groups.max_num_gen_batches > 0
+    assert cfg.data.gen_batch_size == 3 * cfg.data.train_batch_size
+    buffer = cfg.reward_model.overlong_buffer
+    assert buffer.enable and 0 < buffer.len < cfg.data.max_response_length and buffer.penalty_factor == 1.0
+    assert cfg.data.max_prompt_length >= 268
 
 
 @pytest.fixture(scope="module")

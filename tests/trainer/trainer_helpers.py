@@ -11,6 +11,7 @@ from nonstop.config import load_config
 from nonstop.data import PromptRow, TokenizedPrompt
 from nonstop.models import CausalLM, ModelConfig
 from nonstop.rewards import RewardPool
+from nonstop.rewards.reward_model import RewardModel
 from nonstop.rollout import LLM
 from nonstop.trainer import SyncTrainer
 from nonstop.trainer.build import build_engine
@@ -74,6 +75,10 @@ def tiny_model(seed: int = 0) -> CausalLM:
     return CausalLM(config).init_weights(std=0.1, generator=torch.Generator().manual_seed(seed))
 
 
+def model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
 def make_trainer(
     run_dir,
     overrides: tuple[str, ...] = (),
@@ -122,10 +127,13 @@ def make_trainer(
         model,
         tokenizer,
         llm,
-        FixedPrompts(config.data.train_batch_size, seed),
+        FixedPrompts(config.data.gen_batch_size, seed),
         RewardPool(seven_fraction, num_workers=0),
         val_loader=FixedPrompts(8, seed + 100, num_batches=1) if validate else None,
         ref_model=copy.deepcopy(model).requires_grad_(False) if config.actor_rollout_ref.actor.use_kl_loss else None,
         compute_dtype=torch.bfloat16 if device == "cuda" else None,
         console=False,
+        reward_model=RewardModel.from_config(config.reward_model, model_device(model))
+        if config.reward_model.enable
+        else None,
     )

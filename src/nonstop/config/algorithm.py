@@ -49,6 +49,18 @@ class RolloutCorrectionConfig:
 
 
 @dataclass
+class FilterGroupsConfig:
+    enable: bool = option(False, "DAPO dynamic sampling: drop groups whose `metric` is equal for all n samples")
+    metric: str | None = option(
+        None, "acc / score (the rule score), seq_reward / seq_final_reward (after shaping), or a scorer's dict key"
+    )
+    max_num_gen_batches: int = option(0, "Generation batches per step before giving up with an error; <= 0 = no cap")
+
+    def __post_init__(self):
+        check(not self.enable or bool(self.metric), "metric", self.metric, "must be set when filter_groups.enable")
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = option("gae", "Advantage estimator: " + ", ".join(ADV_ESTIMATORS))
     norm_adv_by_std_in_grpo: bool = option(True, "Divide GRPO advantages by the group std (false = Dr. GRPO)")
@@ -57,6 +69,7 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = option(False, "Subtract a KL-to-reference penalty from the reward (PPO style)")
     kl_penalty: str = option("kl", "KL estimator of the in-reward penalty")
     kl_ctrl: KLCtrlConfig = section(KLCtrlConfig, "In-reward KL coefficient")
+    filter_groups: FilterGroupsConfig = section(FilterGroupsConfig, "DAPO dynamic sampling (group filtering)")
     rollout_correction: RolloutCorrectionConfig = section(
         RolloutCorrectionConfig, "Off-policy correction for rollouts from older weights"
     )

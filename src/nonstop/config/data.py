@@ -25,6 +25,9 @@ class DataConfig:
     max_prompt_length: int = option(512, "Longest prompt in tokens (see `truncation`)")
     max_response_length: int = option(512, "Most tokens generated per response")
     train_batch_size: int = option(1024, "Prompts per training step (each sampled actor_rollout_ref.rollout.n times)")
+    gen_batch_size: int | None = option(
+        None, "Prompts per generation batch under algorithm.filter_groups; null = train_batch_size"
+    )
     val_batch_size: int | None = option(None, "Prompts per validation batch; null = the whole validation set")
     shuffle: bool = option(True, "Shuffle training prompts each epoch")
     validation_shuffle: bool = option(False, "Shuffle validation prompts")
@@ -38,6 +41,7 @@ class DataConfig:
         check(self.max_prompt_length >= 1, "max_prompt_length", self.max_prompt_length, "must be >= 1")
         check(self.max_response_length >= 1, "max_response_length", self.max_response_length, "must be >= 1")
         check(self.train_batch_size >= 1, "train_batch_size", self.train_batch_size, "must be >= 1")
+        check_positive_or_none("gen_batch_size", self.gen_batch_size)
         check_positive_or_none("val_batch_size", self.val_batch_size)
         check(self.dataloader_num_workers >= 0, "dataloader_num_workers", self.dataloader_num_workers, "must be >= 0")
         check_choice("truncation", self.truncation, TRUNCATIONS)

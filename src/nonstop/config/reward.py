@@ -5,8 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import check, check_positive_or_none
+from .errors import check, check_choice, check_positive_or_none
 from .spec import option, section
+
+# How a reward model's score meets the rule score: verl's reward managers hand back the model's score when one was
+# computed (replace); sum adds the two.
+RM_COMBINE = ("replace", "sum")
 
 
 @dataclass
@@ -19,20 +23,46 @@ class CustomRewardFunctionConfig:
 @dataclass
 class RewardModelModelConfig:
     path: str | None = option(None, "Reward model (HF sequence classifier)")
-    input_tokenizer: str | None = option(None, "Tokenizer of the policy, to re-tokenize; null = the actor's")
+    input_tokenizer: str | None = option(
+        None, "verl's policy tokenizer for decoding before the RM's chat template; nonstop always uses the actor's"
+    )
+
+
+@dataclass
+class OverlongBufferConfig:
+    enable: bool = option(False, "DAPO's soft overlong punishment: penalise responses in the last `len` tokens")
+    len: int = option(0, "Buffer length: the penalty grows from 0 at max_response_length - len to penalty_factor")
+    penalty_factor: float = option(1.0, "The penalty at max_response_length")
+
+    def __post_init__(self):
+        check(self.len >= 0, "len", self.len, "must be >= 0")
+        check(not self.enable or self.len >= 1, "len", self.len, "must be >= 1 when overlong_buffer.enable=True")
+        check(self.penalty_factor >= 0, "penalty_factor", self.penalty_factor, "must be >= 0")
 
 
 @dataclass
 class RewardModelConfig:
-    enable: bool = option(False, "Score with a reward model (besides any rule scorer)")
+    enable: bool = option(False, "Score with a reward model (with or instead of the rule scorer: see combine)")
     model: RewardModelModelConfig = section(RewardModelModelConfig, "Reward model")
-    micro_batch_size_per_gpu: int | None = option(None, "Samples per reward-model forward on one GPU")
+    combine: str = option(
+        "replace", "(nonstop) Reward-model score with rule scores: replace (verl: the model's score only) or sum"
+    )
+    micro_batch_size_per_gpu: int | None = option(
+        None, "Samples per reward-model forward when not use_dynamic_bsz; null = all at once"
+    )
+    use_dynamic_bsz: bool | None = option(None, "Reward-model forwards built to a token budget; null = the critic's")
+    forward_max_token_len_per_gpu: int | None = option(
+        None, "Token budget of one reward-model forward; null = the critic's"
+    )
     max_length: int | None = option(None, "Truncate scored sequences to this many tokens; null = no limit")
+    overlong_buffer: OverlongBufferConfig = section(OverlongBufferConfig, "DAPO overlong reward shaping")
     num_workers: int = option(1, "Processes scoring rule rewards in parallel")
     timeout_s: float = option(10.0, "(nonstop) Seconds one sample may take to score before it gets reward 0")
 
     def __post_init__(self):
+        check_choice("combine", self.combine, RM_COMBINE)
         check_positive_or_none("micro_batch_size_per_gpu", self.micro_batch_size_per_gpu)
+        check_positive_or_none("forward_max_token_len_per_gpu", self.forward_max_token_len_per_gpu)
         check_positive_or_none("max_length", self.max_length)
         check(self.num_workers >= 1, "num_workers", self.num_workers, "must be >= 1")
         check(self.timeout_s > 0, "timeout_s", self.timeout_s, "must be > 0")

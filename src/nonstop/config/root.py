@@ -91,6 +91,13 @@ class NonstopConfig:
             critic.forward_micro_batch_size_per_gpu = critic.ppo_micro_batch_size_per_gpu
         if critic.forward_max_token_len_per_gpu is None:
             critic.forward_max_token_len_per_gpu = critic.ppo_max_token_len_per_gpu
+        reward_model = self.reward_model
+        if reward_model.use_dynamic_bsz is None:
+            reward_model.use_dynamic_bsz = critic.use_dynamic_bsz
+        if reward_model.forward_max_token_len_per_gpu is None:
+            reward_model.forward_max_token_len_per_gpu = critic.forward_max_token_len_per_gpu
+        if self.data.gen_batch_size is None:
+            self.data.gen_batch_size = self.data.train_batch_size
 
     def _check_batch_sizes(self) -> None:
         batch = self.data.train_batch_size
@@ -121,6 +128,13 @@ class NonstopConfig:
                 f"data.max_prompt_length + data.max_response_length = {seq_len}",
             )
         rollout = ar.rollout
+        overlong = self.reward_model.overlong_buffer
+        check(
+            not overlong.enable or overlong.len <= self.data.max_response_length,
+            "reward_model.overlong_buffer.len",
+            overlong.len,
+            f"is longer than data.max_response_length={self.data.max_response_length}",
+        )
         check(
             rollout.max_model_len is None or rollout.max_model_len >= seq_len,
             "actor_rollout_ref.rollout.max_model_len",

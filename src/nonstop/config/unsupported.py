@@ -180,7 +180,11 @@ RULES: tuple[Unsupported, ...] = (
     ),
     Unsupported("algorithm.rollout_correction.rollout_is_batch_normalize", "not implemented", (False,)),
     # Rewards.
-    Unsupported("reward_model.reward_manager", "rewards are scored by nonstop's process pool", ("naive",)),
+    Unsupported(
+        "reward_model.reward_manager",
+        "rewards are scored by nonstop's process pool; DAPO's shaping is reward_model.overlong_buffer.*",
+        ("naive", "dapo"),
+    ),
     Unsupported("reward_manager", "rewards are scored by nonstop's process pool; see custom_reward_function.*", ANY),
     Unsupported("reward_model.launch_reward_fn_async", "rewards are always scored while generation runs", ANY),
     Unsupported("reward_model.use_reward_loop", "rewards are always scored while generation runs", ANY),
@@ -190,8 +194,7 @@ RULES: tuple[Unsupported, ...] = (
     Unsupported("reward_model.nnodes", "the reward model shares the training GPUs", ANY),
     Unsupported("reward_model.rollout", "generative reward models are not supported", ANY),
     Unsupported("reward_model.sandbox_fusion", "code sandboxes are not supported", ANY),
-    Unsupported("reward_model.use_dynamic_bsz", "set reward_model.micro_batch_size_per_gpu", ANY),
-    Unsupported("reward_model.forward_max_token_len_per_gpu", "set reward_model.micro_batch_size_per_gpu", ANY),
+    Unsupported("reward_model.overlong_buffer.log", "the penalty is always logged (reward/overlong_*)", ANY),
     # Profiler details.
     Unsupported("global_profiler.global_tool_config", "nonstop configures torch.profiler and nsys itself", ANY),
     # Hydra machinery.

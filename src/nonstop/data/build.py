@@ -65,9 +65,11 @@ def prompt_dataset(rows: list[PromptRow], config: DataConfig, tokenizer, split: 
 
 
 def train_dataloader(config: DataConfig, tokenizer) -> PromptDataLoader:
-    """`data.train_batch_size` prompts per batch, every batch full (drop_last), shuffled per `data.shuffle/seed`."""
+    """`data.gen_batch_size` prompts per batch (= `train_batch_size` unless DAPO's dynamic sampling draws larger
+    generation batches), every batch full (drop_last), shuffled per `data.shuffle/seed`."""
     dataset = prompt_dataset(train_rows(config), config, tokenizer)
-    return PromptDataLoader(dataset, config.train_batch_size, shuffle=config.shuffle, seed=config.seed)
+    batch_size = config.gen_batch_size or config.train_batch_size
+    return PromptDataLoader(dataset, batch_size, shuffle=config.shuffle, seed=config.seed)
 
 
 def val_dataloader(config: DataConfig, tokenizer) -> PromptDataLoader | None:

@@ -11,6 +11,7 @@ from nonstop.data import train_dataloader, val_dataloader
 from nonstop.models.loading import load_model
 from nonstop.models.tokenizer import load_tokenizer
 from nonstop.rewards import RewardPool
+from nonstop.rewards.reward_model import RewardModel
 from nonstop.rollout import LLM
 from nonstop.trainer.sync_trainer import SyncTrainer
 
@@ -69,6 +70,7 @@ def build_trainer(config: NonstopConfig, console: bool = True) -> SyncTrainer:
     if actor_cfg.use_kl_loss:
         ref_model = copy.deepcopy(model).requires_grad_(False).eval()
     llm = build_engine(config, model, tokenizer, device)
+    reward_model = RewardModel.from_config(config.reward_model, device) if config.reward_model.enable else None
     pool = RewardPool.from_config(config.reward_model, config.custom_reward_function)
     try:
         return SyncTrainer(
@@ -82,6 +84,7 @@ def build_trainer(config: NonstopConfig, console: bool = True) -> SyncTrainer:
             ref_model=ref_model,
             compute_dtype=torch_dtype(actor_cfg.fsdp_config.dtype) if device.type == "cuda" else None,
             console=console,
+            reward_model=reward_model,
         )
     except BaseException:
         pool.close()

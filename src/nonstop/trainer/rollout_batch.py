@@ -38,6 +38,7 @@ class Sample:
     data_source: str
     ground_truth: Any
     extra_info: dict[str, Any] = field(default_factory=dict)
+    raw_prompt: list[dict[str, str]] = field(default_factory=list)  # the chat messages, for a reward model
 
 
 @dataclass
@@ -76,10 +77,12 @@ def generate_rollouts(
     base_seed: int,
     step: int,
     on_prompt_done: Callable[[int, list[Sample]], None] | None = None,
+    first_index: int = 0,
 ) -> RolloutBatch:
-    """n samples per prompt, each prompt seeded by `prompt_seed(base_seed, step, i)` (greedy ignores the seed).
+    """n samples per prompt, prompt i seeded by `prompt_seed(base_seed, step, first_index + i)` (greedy ignores the
+    seed; `first_index` numbers the prompts of a step's later generation batches on from its earlier ones).
     `on_prompt_done(i, samples)` gets prompt i's samples as soon as they are all finished, in finishing order."""
-    per_prompt = [replace(params, seed=prompt_seed(base_seed, step, i)) for i in range(len(prompts))]
+    per_prompt = [replace(params, seed=prompt_seed(base_seed, step, first_index + i)) for i in range(len(prompts))]
     by_prompt: dict[int, list[Sample]] = {}
 
     def finished(index: int, output: RequestOutput) -> None:
@@ -103,6 +106,7 @@ def _samples(prompt: TokenizedPrompt, output: RequestOutput) -> list[Sample]:
             data_source=row.data_source,
             ground_truth=row.ground_truth,
             extra_info=dict(row.extra_info),
+            raw_prompt=list(row.prompt),
         )
         for completion in sorted(output.outputs, key=lambda c: c.index)
     ]

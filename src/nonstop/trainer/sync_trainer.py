@@ -8,7 +8,10 @@ cache (KV computed by the old weights) is stale; on CUDA the engine holds a bf16
 `LLM.update_weights`, and checked every step by the sync probe (`actor/sync_logprob_diff`).
 
 Rewards are submitted to the pool as each prompt's samples finish, so scoring overlaps the rest of generation;
-`timing_s/reward` is only the wait for the scores still outstanding when generation ends.
+`timing_s/reward` is only the wait for the scores still outstanding when generation ends (plus the reward model's
+forward, when one is enabled). DAPO's overlong shaping is added to the training reward only: `val/*/score` stays
+the task's own score. With `algorithm.filter_groups.enable` a step generates until its batch is full
+(`trainer/dynamic_sampling.py`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from nonstop.config import NonstopConfig, config_to_yaml
 from nonstop.data import TokenizedPrompt
 from nonstop.profiling import PhaseRecorder, RunProfiler
 from nonstop.rewards import RewardPool
+from nonstop.rewards.overlong import overlong_penalties
+from nonstop.rewards.reward_model import RewardModel
 from nonstop.rollout import LLM, SamplingParams
 from nonstop.trainer.actor import Actor
 from nonstop.trainer.checkpoint import (
@@ -35,6 +40,7 @@ from nonstop.trainer.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from nonstop.trainer.dynamic_sampling import GroupCollector, metric_values
 from nonstop.trainer.loggers import build_sinks
 from nonstop.trainer.metrics import MetricsLog, data_metrics, model_flops_metrics
 from nonstop.trainer.plots import plot_curves
@@ -58,11 +64,13 @@ class SyncTrainer:
         ref_model: torch.nn.Module | None = None,
         compute_dtype: torch.dtype | None = None,
         console: bool = True,
+        reward_model: RewardModel | None = None,
     ):
         """`train_loader` / `val_loader` hand out `TokenizedPrompt` lists from `next_batch()` (a
         `PromptDataLoader`; `state_dict()` / `load_state_dict()` when present are checkpointed); `tokenizer` needs
         `decode(ids, skip_special_tokens=True)`. `ref_model` is the frozen reference, required when
-        `actor.use_kl_loss`. `compute_dtype`: autocast dtype of the update on CUDA."""
+        `actor.use_kl_loss`. `compute_dtype`: autocast dtype of the update on CUDA. `reward_model`: scores every
+        sample, replacing or added to the rule score per `reward_model.combine`."""
         algorithm, arr = config.algorithm, config.actor_rollout_ref
         if algorithm.adv_estimator not in OUTCOME_ESTIMATORS:
             raise ValueError(
@@ -102,6 +110,8 @@ class SyncTrainer:
         self.num_params = sum(p.numel() for p in model.parameters())
         self.nonfinite_streak = 0
         self.probe_prompts: list[list[int]] | None = None
+        self.reward_model = reward_model
+        self.score_rules = reward_model is None or config.reward_model.combine == "sum"
 
     # -- the loop ---------------------------------------------------------------------------------------------------
 
@@ -173,18 +183,8 @@ class SyncTrainer:
         """The step's phases; returns its metrics and the token counts `model_flops_metrics` needs once the step's
         time is known."""
         cfg = self.config
-        extra: dict[str, float] = {}
-        with rec("data"):
-            prompts = self.train_loader.next_batch()
-        if self.probe_prompts is None:
-            self.probe_prompts = [list(p.prompt_token_ids) for p in prompts[:PROBE_PROMPTS]]
-        prefix = f"train-{step}"
-        with rec("gen") as span:
-            batch = self._generate(prompts, self.sampling_params, step, prefix, extra)
-            span.tokens = tokens = sum(batch.total_lengths)
-        rollout_metrics = dict(self.llm.metrics)  # before anything else generates
-        with rec("reward"):
-            scores_B = self._collect_scores(batch, prefix)
+        batch, scores_B, extra = self._rollout(step, rec)
+        tokens = sum(batch.total_lengths)
         mask_BL = batch.response_mask()
         old_log_prob_BL = ref_log_prob_BL = None
         if self.actor.needs_old_log_prob(batch):
@@ -212,7 +212,6 @@ class SyncTrainer:
         metrics = data_metrics(batch, scores_B, advantages_BL, mask_BL)
         metrics.update(actor_metrics)
         metrics.update(self.reward_pool.pop_metrics())
-        metrics.update(rollout_metrics)
         metrics.update(extra)
         metrics["perf/total_num_tokens"] = float(tokens)
         flops = {
@@ -223,6 +222,63 @@ class SyncTrainer:
         }
         return metrics, flops
 
+    def _rollout(self, step: int, rec: PhaseRecorder) -> tuple[RolloutBatch, torch.Tensor, dict[str, float]]:
+        """The step's batch and training rewards (score plus overlong shaping), with the generation metrics. Under
+        `algorithm.filter_groups` generation batches are drawn until `data.train_batch_size` groups with a spread
+        are kept (verl's DAPO loop); past `max_num_gen_batches` the step fails, as in verl."""
+        cfg, filter_groups = self.config, self.config.algorithm.filter_groups
+        collector = GroupCollector(cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n)
+        metrics: dict[str, float] = {}
+        while True:
+            with rec("data"):
+                prompts = self.train_loader.next_batch()
+            if self.probe_prompts is None:
+                self.probe_prompts = [list(p.prompt_token_ids) for p in prompts[:PROBE_PROMPTS]]
+            rounds = collector.num_gen_batches
+            prefix = f"train-{step}" if rounds == 0 else f"train-{step}-gen{rounds}"
+            with rec("gen") as span:
+                probe = metrics if rounds == 0 else None
+                batch = self._generate(prompts, self.sampling_params, step, prefix, probe, rounds * len(prompts))
+                span.tokens = sum(batch.total_lengths)
+            metrics.update(self.llm.metrics)  # before anything else generates; the last round's under filtering
+            with rec("reward"):
+                scores_B, extras = self._collect_scores(batch, prefix)
+                rewards_B = scores_B + self._overlong_penalties(batch)
+            if not filter_groups.enable:
+                return batch, rewards_B, {**metrics, **self._overlong_metrics(batch)}
+            values = metric_values(filter_groups.metric, rewards_B.tolist(), scores_B.tolist(), extras)
+            collector.add(batch, rewards_B.tolist(), values)
+            if collector.full():
+                break
+            cap = filter_groups.max_num_gen_batches
+            if 0 < cap <= collector.num_gen_batches:
+                raise RuntimeError(
+                    f"step {step}: {collector.num_gen_batches} generation batches gave {collector.num_kept} of "
+                    f"data.train_batch_size={cfg.data.train_batch_size} groups whose "
+                    f"{filter_groups.metric!r} differs between samples (algorithm.filter_groups.max_num_gen_batches="
+                    f"{cap}). The prompts may be too hard or too easy; raise the cap, or set it to 0 for no limit"
+                )
+        batch, rewards = collector.batch(cfg.data.max_response_length)
+        metrics.update(collector.metrics())
+        return batch, torch.tensor(rewards, dtype=torch.float32), {**metrics, **self._overlong_metrics(batch)}
+
+    def _overlong_penalties(self, batch: RolloutBatch) -> torch.Tensor:
+        buffer = self.config.reward_model.overlong_buffer
+        if not buffer.enable:
+            return torch.zeros(len(batch))
+        max_length = self.config.data.max_response_length
+        return overlong_penalties(batch.response_lengths, max_length, buffer.len, buffer.penalty_factor)
+
+    def _overlong_metrics(self, batch: RolloutBatch) -> dict[str, float]:
+        if not self.config.reward_model.overlong_buffer.enable:
+            return {}
+        penalty_B = self._overlong_penalties(batch)
+        return {
+            "reward/overlong_penalty/mean": penalty_B.mean().item(),
+            "reward/overlong_penalty/min": penalty_B.min().item(),
+            "reward/overlong_frac": (penalty_B < 0).float().mean().item(),
+        }
+
     @torch.no_grad()
     def validate(self, step: int) -> dict[str, float]:
         """Greedy (per `rollout.val_kwargs`) over one pass of the validation loader: `val/<data_source>/score`, and
@@ -232,12 +288,10 @@ class SyncTrainer:
         for i in range(len(self.val_loader)):
             prefix = f"val-{step}-{i}"
             batch = self._generate(self.val_loader.next_batch(), self.val_sampling_params, step, prefix)
-            ids = [f"{prefix}-{j}" for j in range(len(batch))]
-            results = self.reward_pool.collect(ids)
-            for sample, sample_id in zip(batch.samples, ids, strict=True):
-                result = results[sample_id]
-                numeric = {k: v for k, v in result.extra.items() if isinstance(v, int | float) and k != "score"}
-                for key, value in {"score": result.score, **numeric}.items():
+            scores_B, extras = self._collect_scores(batch, prefix)
+            for sample, score, extra in zip(batch.samples, scores_B.tolist(), extras, strict=True):
+                numeric = {k: v for k, v in extra.items() if isinstance(v, int | float) and k != "score"}
+                for key, value in {"score": score, **numeric}.items():
                     values.setdefault((sample.data_source, key), []).append(float(value))
         self.reward_pool.pop_metrics()  # validation scoring is not the step's reward work
         return {f"val/{source}/{key}": sum(v) / len(v) for (source, key), v in sorted(values.items())}
@@ -308,9 +362,11 @@ class SyncTrainer:
         step: int,
         reward_prefix: str,
         metrics: dict[str, float] | None = None,
+        first_index: int = 0,
     ) -> RolloutBatch:
-        """Generate and submit each prompt's samples for scoring as soon as they finish. With `metrics`, the weight-
-        sync probe runs first (when the engine holds its own copy of the weights)."""
+        """Generate and submit each prompt's samples for rule scoring as soon as they finish. With `metrics`, the
+        weight-sync probe runs first (when the engine holds its own copy of the weights). `first_index`: see
+        `generate_rollouts`."""
 
         def submit(index: int, samples: list[Sample]) -> None:
             for j, s in enumerate(samples):
@@ -324,7 +380,8 @@ class SyncTrainer:
         try:
             if metrics is not None and not self.shares_weights and self.probe_prompts:
                 metrics["actor/sync_logprob_diff"] = self._sync_probe(step)
-            return generate_rollouts(self.llm, prompts, params, self.seed, step, on_prompt_done=submit)
+            on_done = submit if self.score_rules else None
+            return generate_rollouts(self.llm, prompts, params, self.seed, step, on_done, first_index)
         finally:
             if self.free_cache_engine:
                 self.llm.release()
@@ -344,10 +401,27 @@ class SyncTrainer:
         trainer_R = self.actor.sequence_logprobs(pairs).float().cpu()
         return (trainer_R - engine_R).abs().mean().item()
 
-    def _collect_scores(self, batch: RolloutBatch, prefix: str) -> torch.Tensor:
-        ids = [f"{prefix}-{i}" for i in range(len(batch))]
-        results = self.reward_pool.collect(ids)
-        return torch.tensor([results[i].score for i in ids], dtype=torch.float32)
+    def _collect_scores(self, batch: RolloutBatch, prefix: str) -> tuple[torch.Tensor, list[dict[str, Any]]]:
+        """`[B]` scores (rule, reward model, or their sum per `reward_model.combine`) and the rule scorer's extra
+        dict entries of each sample."""
+        scores_B, extras = torch.zeros(len(batch)), [{} for _ in range(len(batch))]
+        if self.score_rules:
+            ids = [f"{prefix}-{i}" for i in range(len(batch))]
+            results = self.reward_pool.collect(ids)
+            scores_B = torch.tensor([results[i].score for i in ids], dtype=torch.float32)
+            extras = [results[i].extra for i in ids]
+        if self.reward_model is not None:
+            decode = self.tokenizer.decode
+            inputs = [
+                self.reward_model.encode(
+                    s.raw_prompt,
+                    decode(s.prompt_token_ids, skip_special_tokens=True),
+                    decode(s.response_token_ids, skip_special_tokens=True),
+                )
+                for s in batch.samples
+            ]
+            scores_B = scores_B + self.reward_model.score_ids(inputs)
+        return scores_B, extras
 
     def _sync_weights(self) -> None:
         if self.shares_weights:
