@@ -99,6 +99,9 @@ def _flex_attention(q_hPE: Tensor, k_kPE: Tensor, v_kPE: Tensor, block_mask) -> 
     fn = flex_attention
     if q_hPE.is_cuda:
         if _COMPILED_FLEX is None:
+            # One compiled entry per (bucket, dtype, grad mode): past dynamo's default of 8 entries it would silently
+            # fall back to the eager path, which materialises [P, P] scores per head.
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
             _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
         fn = _COMPILED_FLEX
     return fn(q_hPE, k_kPE, v_kPE, block_mask=block_mask, enable_gqa=True)
