@@ -122,3 +122,13 @@ def test_use_prefix_grouper_values():
     assert load_config(None, (f"{key}=true",)).actor_rollout_ref.actor.use_prefix_grouper is True
     with pytest.raises(ConfigError, match=rf"{key}='sometimes': must be one of True, False, 'auto'"):
         load_config(None, (f"{key}=sometimes",))
+
+
+def test_interleaved_samples_come_back_in_row_order():
+    """Samples of a prompt need not be adjacent: grouping packs them together and scatters results back per row."""
+    batch = grouped_batch(seed=7, prompts=3, n=3, prompt_len=(6, 16), response_len=(1, 8))
+    batch = RolloutBatch([batch.samples[i] for i in (0, 3, 6, 1, 4, 7, 2, 5, 8)], batch.max_response_length)
+    model = tiny_model(seed=8)
+    grouped = actor(model, "True", "actor_rollout_ref.actor.ppo_mini_batch_size=3").compute_log_prob(batch)
+    plain = actor(model, "False", "actor_rollout_ref.actor.ppo_mini_batch_size=3").compute_log_prob(batch)
+    torch.testing.assert_close(grouped, plain, rtol=1e-5, atol=1e-6)
