@@ -116,9 +116,31 @@ def test_group_samples_with_long_prompts_rank_shared_prompts_first(tmp_path):
     first = ranked(write_run(tmp_path, config, metrics))[0]
     assert first.cause == "shared_prompts_recomputed"
     assert first.gpu_s_lost == pytest.approx(6.0 * (7 * 2000) / (8 * 2200) * NUM_STEPS)
-    assert "prefix grouping" in first.changes[0]
+    assert first.changes[0].startswith("actor_rollout_ref.actor.use_prefix_grouper=True")
     single = [f.cause for f in ranked(write_run(tmp_path / "n1", None, metrics))]
     assert "shared_prompts_recomputed" not in single
+
+
+@pytest.mark.parametrize(
+    "config,metrics",
+    [
+        ({"actor_rollout_ref.actor.use_prefix_grouper": True}, {}),
+        ({"actor_rollout_ref.actor.use_prefix_grouper": "auto"}, {}),  # 80% of tokens are repeated prompts: grouped
+        ({"actor_rollout_ref.actor.use_prefix_grouper": False}, {"actor/prefix_grouped": 1.0}),  # the metric wins
+    ],
+)
+def test_grouped_prompts_are_not_a_cause(tmp_path, config, metrics):
+    metrics = {"timing_s/update_actor": 6.0, "prompt_length/mean": 2000.0, "response_length/mean": 200.0, **metrics}
+    config = {"actor_rollout_ref.rollout.n": 8, **config}
+    assert "shared_prompts_recomputed" not in [f.cause for f in ranked(write_run(tmp_path, config, metrics))]
+
+
+def test_half_grouped_mini_batches_halve_the_cost(tmp_path):
+    metrics = {"timing_s/update_actor": 6.0, "prompt_length/mean": 2000.0, "response_length/mean": 200.0}
+    config = {"actor_rollout_ref.rollout.n": 8}
+    run = write_run(tmp_path, config, {**metrics, "actor/prefix_grouped": 0.5})
+    finding = next(f for f in ranked(run) if f.cause == "shared_prompts_recomputed")
+    assert finding.gpu_s_lost == pytest.approx(6.0 * (7 * 2000) / (8 * 2200) * 0.5 * NUM_STEPS)
 
 
 def test_gpus_multiply_the_cost(tmp_path):

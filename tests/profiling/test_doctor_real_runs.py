@@ -160,9 +160,24 @@ def test_long_prompts_with_many_samples_rank_shared_prompts_first(tmp_path, caps
     def long_prompts(trainer):
         trainer.train_loader = LongPrompts(4, extra=56)
 
-    # Prompts of 58-61 tokens, 4-token responses, n=8 (make_trainer's default).
-    overrides = ("data.max_prompt_length=64", "data.max_response_length=4")
+    # Prompts of 58-61 tokens, 4-token responses, n=8 (make_trainer's default), prefix grouping off.
+    overrides = (
+        "data.max_prompt_length=64",
+        "data.max_response_length=4",
+        "actor_rollout_ref.actor.use_prefix_grouper=False",
+    )
     first = doctor(real_run(tmp_path, overrides, max_model_len=72, num_kv_blocks=256, plant=long_prompts), capsys)[0]
     assert first["cause"] == "shared_prompts_recomputed"
+    assert first["changes"][0].startswith("actor_rollout_ref.actor.use_prefix_grouper=True")
     assert measured(first, r"n=(\d+), prompt") == 8
     assert measured(first, r"prompt (\d+) vs response 4 tokens") >= 58
+
+
+def test_long_prompts_grouped_by_default_are_not_a_cause(tmp_path, capsys):
+    def long_prompts(trainer):
+        trainer.train_loader = LongPrompts(4, extra=56)
+
+    # The same run with use_prefix_grouper at its default (auto): 93% of the tokens are repeated prompts, so grouped.
+    overrides = ("data.max_prompt_length=64", "data.max_response_length=4")
+    findings = doctor(real_run(tmp_path, overrides, max_model_len=72, num_kv_blocks=256, plant=long_prompts), capsys)
+    assert "shared_prompts_recomputed" not in [f["cause"] for f in findings]

@@ -9,6 +9,7 @@ import importlib
 BENCHMARKS = {
     "decode-attention": "nonstop.bench.decode_attention",
     "phases": "nonstop.bench.phases",
+    "prefix": "nonstop.bench.prefix",
     "rollout": "nonstop.bench.rollout",
     "trainer": "nonstop.bench.trainer_step",
 }

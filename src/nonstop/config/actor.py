@@ -11,6 +11,12 @@ from .spec import option, section
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_LOSS_TYPES = ("kl", "k1", "k2", "k3", "low_var_kl", "mse", "abs")
 POLICY_LOSS_MODES = ("vanilla", "gspo", "cispo")
+PREFIX_GROUPER_CHOICES = (True, False, "auto")
+# `use_prefix_grouper=auto` groups a batch when grouping skips at least this share of its tokens
+# (Σ_groups P (n - 1) / Σ_samples (P + r)). Below it, the linear-layer work saved is within what grouping gives back:
+# FlexAttention instead of FlashAttention-2 varlen, a block mask per micro-batch, and coarser micro-batch packing
+# (whole groups). Where it pays is measured by `nonstop bench prefix` (docs/tuning-idle.md).
+PREFIX_GROUPER_AUTO_MIN_SAVED = 0.25
 
 
 @dataclass
@@ -29,6 +35,11 @@ class ActorConfig:
     )
     use_dynamic_bsz: bool = option(False, "Build micro-batches to a token budget instead of a sample count")
     ppo_max_token_len_per_gpu: int = option(16384, "Token budget of one micro-batch when use_dynamic_bsz")
+    use_prefix_grouper: bool | str = option(
+        "auto",
+        "Compute each GRPO group's shared prompt once in every log-prob pass (pack [prompt | r1 | … | rn]); "
+        f"auto = when that skips >= {PREFIX_GROUPER_AUTO_MIN_SAVED:.0%} of the batch's tokens",
+    )
     ppo_epochs: int = option(1, "Passes over each step's batch")
     shuffle: bool = option(False, "Shuffle samples between mini-batches")
     data_loader_seed: int = option(42, "Seed of that shuffle")
@@ -55,6 +66,7 @@ class ActorConfig:
             self.ppo_max_token_len_per_gpu,
             "must be >= 1",
         )
+        check_choice("use_prefix_grouper", self.use_prefix_grouper, PREFIX_GROUPER_CHOICES)
         check(self.ppo_epochs >= 1, "ppo_epochs", self.ppo_epochs, "must be >= 1")
         for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
             check(getattr(self, key) >= 0, key, getattr(self, key), "must be >= 0")

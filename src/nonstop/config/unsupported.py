@@ -118,7 +118,6 @@ RULES: tuple[Unsupported, ...] = (
     Unsupported("*.entropy_from_logits_with_chunking", _FUSED, ANY),
     Unsupported("*.entropy_checkpointing", _FUSED, ANY),
     Unsupported("actor_rollout_ref.actor.calculate_entropy", "entropy is always logged (actor/entropy)", ANY),
-    Unsupported("actor_rollout_ref.actor.use_prefix_grouper", "nonstop's prefix grouping is chosen by nonstop", ANY),
     Unsupported("actor_rollout_ref.actor.router_replay", "mixture-of-experts models are not supported", ANY),
     Unsupported("*.profiler", "profiling is set for the whole run under global_profiler.*", ANY),
     # Rollout engine: nonstop's own; verl's engine names are aliases for it.

@@ -24,6 +24,7 @@ ROLLOUT_GENERATED_TOKENS = "rollout/generated_tokens"  # tokens sampled
 ACTOR_NUM_MICRO_BATCHES = "actor/num_micro_batches"  # forward+backward micro-batches, all mini-batches and epochs
 ACTOR_MICRO_BATCH_TOKENS = "actor/micro_batch_tokens_mean"  # real (non-pad) tokens per micro-batch, mean
 ACTOR_PAD_FRAC = "actor/pad_frac"  # padded positions / computed positions in the update forwards (0 when packed)
+ACTOR_PREFIX_GROUPED = "actor/prefix_grouped"  # fraction of update mini-batches run prefix-grouped (prompt once)
 
 # Already emitted elsewhere and read too: reward/busy_s, reward/wall_s, reward/num_scored, reward/timeouts
 # (rewards/pool.py), prompt_length/mean, response_length/mean|max (trainer/metrics.py), perf/gpu_util/<phase>
@@ -39,4 +40,5 @@ NEW_METRICS = (
     ACTOR_NUM_MICRO_BATCHES,
     ACTOR_MICRO_BATCH_TOKENS,
     ACTOR_PAD_FRAC,
+    ACTOR_PREFIX_GROUPED,
 )

@@ -13,12 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from nonstop.models.attention import PackedAttention, packed_positions
 from nonstop.train.logprob import chunked_logprobs_and_entropy
+
+if TYPE_CHECKING:
+    from nonstop.train.prefix_grouping import PrefixGroupedBatch
 
 
 @dataclass
@@ -74,13 +78,14 @@ def pack_sequences(
 
 def response_logprobs(
     model: torch.nn.Module,
-    batch: PackedBatch,
+    batch: PackedBatch | PrefixGroupedBatch,
     temperature: float = 1.0,
     chunk_size: int = 1024,
     compute_entropy: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-prob of every response token (and the entropy there), fp32 `[R]` in packed order, differentiable
-    w.r.t. the model's parameters. `model` is a `CausalLM`: packed forward to final-norm hidden, `lm_head.weight`."""
+    w.r.t. the model's parameters. `model` is a `CausalLM`: packed forward to final-norm hidden, `lm_head.weight`.
+    `batch` is plain or prefix-grouped packing: each brings its positions, attention backend and predict indices."""
     hidden_TD = model(batch.input_ids_T, batch.positions_T, batch.attention())
     return chunked_logprobs_and_entropy(
         hidden_TD[batch.predict_index_R],

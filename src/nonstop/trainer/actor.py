@@ -8,6 +8,10 @@ Old log-probs: with one mini-batch and one epoch the policy that sampled is the 
 importance ratio is exactly 1 — the update uses the current forward's detached log-probs instead of a second pass
 (`needs_old_log_prob`). Otherwise `compute_log_prob` runs once under no_grad before the first optimizer step.
 
+Prefix grouping (`use_prefix_grouper`, train/prefix_grouping.py): samples sharing a prompt are packed as one
+`[prompt | r1 | … | rn]` group in every pass (update, old log-prob, reference), decided once per mini-batch (per
+batch for the log-prob passes); token-budget micro-batches then hold whole groups.
+
 Legend: B samples of the step, L padded response width of the step, b samples of one micro-batch, R response tokens.
 """
 
@@ -19,9 +23,19 @@ import torch
 from torch import Tensor
 
 from nonstop.algos import agg_loss, get_policy_loss_fn, kl_penalty
-from nonstop.config.actor import ActorConfig
+from nonstop.config.actor import PREFIX_GROUPER_AUTO_MIN_SAVED, ActorConfig
 from nonstop.kernels.dispatch import fused_kernels
-from nonstop.train import fixed_micro_batches, pack_sequences, response_logprobs, token_budget_micro_batches
+from nonstop.train import (
+    fixed_micro_batches,
+    group_by_prompt,
+    grouped_tokens,
+    pack_prefix_groups,
+    pack_sequences,
+    prefix_grouped_micro_batches,
+    prefix_saved_fraction,
+    response_logprobs,
+    token_budget_micro_batches,
+)
 from nonstop.trainer.lr_schedule import lr_factor
 from nonstop.trainer.rollout_batch import RolloutBatch
 
@@ -54,6 +68,7 @@ class Actor:
         self.loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
         self.skipped_steps = 0
         self._micro_batch_tokens: list[int] = []  # tokens of each micro-batch of the current update
+        self._grouped_mini_batches: list[bool] = []  # whether each mini-batch step of the current update was grouped
 
     # -- batching ---------------------------------------------------------------------------------------------------
 
@@ -65,14 +80,37 @@ class Actor:
     def needs_old_log_prob(self, batch: RolloutBatch) -> bool:
         return len(self.mini_batches(batch)) > 1 or self.config.ppo_epochs > 1
 
-    def micro_batches(self, batch: RolloutBatch, rows: list[int]) -> list[list[int]]:
-        """Index lists into `rows`' samples: by token budget (`use_dynamic_bsz`) or by count."""
+    def prefix_grouped(self, batch: RolloutBatch, rows: list[int]) -> bool:
+        """Whether `rows` run prefix-grouped: `use_prefix_grouper` true, or `auto` and grouping skips at least
+        `PREFIX_GROUPER_AUTO_MIN_SAVED` of their tokens."""
+        if self.config.use_prefix_grouper != "auto":
+            return bool(self.config.use_prefix_grouper)
+        prompts = [batch.samples[r].prompt_token_ids for r in rows]
+        saved = prefix_saved_fraction(prompts, [batch.response_lengths[r] for r in rows])
+        return saved >= PREFIX_GROUPER_AUTO_MIN_SAVED
+
+    def micro_batches(self, batch: RolloutBatch, rows: list[int], grouped: bool = False) -> list[list[int]]:
+        """Index lists into `rows`' samples: by token budget (`use_dynamic_bsz`; whole prompt groups, each costing
+        its prompt once, when `grouped`) or by count."""
         if self.config.use_dynamic_bsz:
-            lengths = [batch.total_lengths[r] for r in rows]
-            parts = token_budget_micro_batches(lengths, self.config.ppo_max_token_len_per_gpu)
+            budget = self.config.ppo_max_token_len_per_gpu
+            if grouped:
+                prompts = [batch.samples[r].prompt_token_ids for r in rows]
+                parts = prefix_grouped_micro_batches(prompts, [batch.response_lengths[r] for r in rows], budget)
+            else:
+                parts = token_budget_micro_batches([batch.total_lengths[r] for r in rows], budget)
         else:
             parts = fixed_micro_batches(len(rows), self.config.ppo_micro_batch_size_per_gpu or len(rows))
         return [[rows[i] for i in part] for part in parts]
+
+    @staticmethod
+    def _computed_tokens(batch: RolloutBatch, rows: list[int], grouped: bool) -> int:
+        """Tokens the forward of `rows` runs: each shared prompt once when grouped."""
+        if not grouped:
+            return sum(batch.total_lengths[r] for r in rows)
+        prompts = [batch.samples[r].prompt_token_ids for r in rows]
+        prompt_lengths, response_lengths = [len(p) for p in prompts], [batch.response_lengths[r] for r in rows]
+        return sum(grouped_tokens(prompt_lengths, response_lengths, g) for g in group_by_prompt(prompts))
 
     # -- forward ----------------------------------------------------------------------------------------------------
 
@@ -88,10 +126,21 @@ class Actor:
         width: int,
         compute_entropy: bool,
         model: torch.nn.Module | None = None,
+        grouped: bool = False,
     ) -> tuple[Tensor, Tensor]:
-        """Log-prob and entropy of every response token of `rows`, scattered to `[b, width]` (zero on padding)."""
+        """Log-prob and entropy of every response token of `rows`, scattered to `[b, width]` (zero on padding).
+        `grouped`: samples of `rows` sharing a prompt are packed as one prefix group."""
         samples = [batch.samples[r] for r in rows]
-        packed = pack_sequences([(s.prompt_token_ids, s.response_token_ids) for s in samples], self.device)
+        order = list(range(len(rows)))  # packed position -> index into rows
+        if grouped:
+            groups = group_by_prompt([s.prompt_token_ids for s in samples])
+            order = [i for g in groups for i in g]
+            packed = pack_prefix_groups(
+                [(samples[g[0]].prompt_token_ids, [samples[i].response_token_ids for i in g]) for g in groups],
+                self.device,
+            )
+        else:
+            packed = pack_sequences([(s.prompt_token_ids, s.response_token_ids) for s in samples], self.device)
         with self._autocast():
             logp_R, entropy_R = response_logprobs(
                 model or self.model, packed, self.temperature, self.chunk_size, compute_entropy=compute_entropy
@@ -103,6 +152,10 @@ class Actor:
         entropy_bL = torch.zeros_like(logp_bL)
         if entropy_R is not None:
             entropy_bL = entropy_bL.masked_scatter(mask_bL, entropy_R)
+        if order != sorted(order):
+            unpack_b = torch.empty(len(order), dtype=torch.long)
+            unpack_b[order] = torch.arange(len(order))
+            logp_bL, entropy_bL = logp_bL[unpack_b.to(self.device)], entropy_bL[unpack_b.to(self.device)]
         return logp_bL, entropy_bL
 
     @torch.no_grad()
@@ -112,9 +165,11 @@ class Actor:
         bit-identical to the grad pass."""
         width = batch.response_mask().shape[1]
         out_BL = torch.zeros(len(batch), width, device=self.device)
+        everything = list(range(len(batch)))
+        grouped = self.prefix_grouped(batch, everything)
         with fused_kernels(False):
-            for rows in self.micro_batches(batch, list(range(len(batch)))):
-                out_BL[rows] = self.forward(batch, rows, width, compute_entropy=False, model=model)[0]
+            for rows in self.micro_batches(batch, everything, grouped):
+                out_BL[rows] = self.forward(batch, rows, width, compute_entropy=False, model=model, grouped=grouped)[0]
         return out_BL
 
     @torch.no_grad()
@@ -146,7 +201,7 @@ class Actor:
         lr = self.optimizer.param_groups[0]["lr"]
         sums: dict[str, float] = {}
         num_updates = 0
-        self._micro_batch_tokens = []
+        self._micro_batch_tokens, self._grouped_mini_batches = [], []
         self.model.train()
         for _ in range(cfg.ppo_epochs):
             for mini in self.mini_batches(batch):
@@ -164,6 +219,7 @@ class Actor:
         metrics["actor/num_micro_batches"] = float(len(self._micro_batch_tokens))
         metrics["actor/micro_batch_tokens_mean"] = sum(self._micro_batch_tokens) / len(self._micro_batch_tokens)
         metrics["actor/pad_frac"] = 0.0
+        metrics["actor/prefix_grouped"] = sum(self._grouped_mini_batches) / len(self._grouped_mini_batches)
         return metrics
 
     def _mini_batch_step(
@@ -181,10 +237,12 @@ class Actor:
         width = mask_BL.shape[1]
         info = {"batch_num_tokens": mask_BL[mini].sum(), "global_batch_size": len(mini)}
         totals = {k: torch.zeros((), device=self.device) for k in ("loss", "pg_loss", "entropy", "clipfrac", "kl")}
-        for rows in self.micro_batches(batch, mini):
-            self._micro_batch_tokens.append(sum(batch.total_lengths[r] for r in rows))
+        grouped = self.prefix_grouped(batch, mini)
+        self._grouped_mini_batches.append(grouped)
+        for rows in self.micro_batches(batch, mini, grouped):
+            self._micro_batch_tokens.append(self._computed_tokens(batch, rows, grouped))
             mask_bL = mask_BL[rows]
-            logp_bL, entropy_bL = self.forward(batch, rows, width, compute_entropy=True)
+            logp_bL, entropy_bL = self.forward(batch, rows, width, compute_entropy=True, grouped=grouped)
             old_bL = logp_bL.detach() if old_log_prob_BL is None else old_log_prob_BL[rows]
             pg_loss, pg_metrics = self.loss_fn(
                 old_bL, logp_bL, advantages_BL[rows], mask_bL, cfg.loss_agg_mode, cfg, global_batch_info=info

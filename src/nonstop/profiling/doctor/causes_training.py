@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import math
 
+from nonstop.config.actor import PREFIX_GROUPER_AUTO_MIN_SAVED
 from nonstop.profiling.doctor.finding import CLEAR, FOUND, NO_DATA, Finding, pct, phase_efficiency
 from nonstop.profiling.doctor.run_data import RunData
-from nonstop.profiling.metric_names import ACTOR_MICRO_BATCH_TOKENS, ACTOR_NUM_MICRO_BATCHES, ACTOR_PAD_FRAC
+from nonstop.profiling.metric_names import (
+    ACTOR_MICRO_BATCH_TOKENS,
+    ACTOR_NUM_MICRO_BATCHES,
+    ACTOR_PAD_FRAC,
+    ACTOR_PREFIX_GROUPED,
+)
 from nonstop.profiling.phases import timing_key
 
 TRAIN_PHASES = ("update_actor", "old_log_prob", "ref")
@@ -15,9 +21,9 @@ TRAIN_PHASES = ("update_actor", "old_log_prob", "ref")
 # without a trace or NVML, the doctor takes tokens / this as the efficiency of such micro-batches.
 FULL_MICRO_BATCH_TOKENS = 4096
 MIN_PAD_FRAC = 0.05
+PREFIX_GROUPER_KEY = "actor_rollout_ref.actor.use_prefix_grouper"
 PREFIX_GROUPING_CHANGE = (
-    "prefix grouping (each group's prompt computed once in the training forward) is not in nonstop yet; until "
-    "then fewer samples per prompt (actor_rollout_ref.rollout.n) or shorter prompts (data.max_prompt_length)"
+    f"{PREFIX_GROUPER_KEY}=True (prefix grouping: each group's prompt computed once in every log-prob pass)"
 )
 
 
@@ -114,13 +120,22 @@ def shared_prompts_recomputed(run: RunData) -> Finding:
         return f
     # A group trains n * (P + R) tokens; computing its prompt once trains P + n * R.
     saved = (n - 1) * prompt / (n * (prompt + response))
-    f.gpu_s_lost = _train_seconds(run) * saved * run.num_gpus
-    f.status = FOUND if f.gpu_s_lost > 0 else CLEAR
     f.evidence.append(
         f"n={n}, prompt {prompt:.0f} vs response {response:.0f} tokens: {pct(saved)} of the training tokens are "
         "repeated prompt tokens"
     )
-    f.changes.append(PREFIX_GROUPING_CHANGE)
+    grouped = run.mean(ACTOR_PREFIX_GROUPED)
+    if grouped is None:
+        # A run directory without the key predates prefix grouping: nothing was grouped.
+        setting = run.cfg(PREFIX_GROUPER_KEY, False)
+        grouped = float(setting is True or (setting == "auto" and saved >= PREFIX_GROUPER_AUTO_MIN_SAVED))
+        f.evidence.append(f"{PREFIX_GROUPER_KEY}={setting}: {'' if grouped else 'not '}grouped (config)")
+    else:
+        f.evidence.append(f"{ACTOR_PREFIX_GROUPED}: {pct(grouped)} of update mini-batches computed prompts once")
+    f.gpu_s_lost = _train_seconds(run) * saved * (1 - grouped) * run.num_gpus
+    f.status = FOUND if f.gpu_s_lost > 0 else CLEAR
+    if f.status == FOUND:
+        f.changes.append(PREFIX_GROUPING_CHANGE)
     return f
 
 
