@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from nonstop.algos import compute_advantage, outcome_token_rewards
 from nonstop.config import NonstopConfig, config_to_yaml
@@ -89,7 +90,13 @@ class SyncTrainer:
         self.val_sampling_params = sampling_params(rollout.val_kwargs, max_tokens)
         device = next(model.parameters()).device
         self.actor = Actor(
-            model, arr.actor, rollout.n, self.total_steps, self.sampling_params.temperature, compute_dtype
+            model,
+            arr.actor,
+            rollout.n,
+            self.total_steps,
+            self.sampling_params.temperature,
+            compute_dtype,
+            rollout_correction=algorithm.rollout_correction,
         )
         self.seed = 0 if config.data.seed is None else config.data.seed
         self.shares_weights = llm.model is model
@@ -174,22 +181,11 @@ class SyncTrainer:
         time is known."""
         cfg = self.config
         extra: dict[str, float] = {}
-        with rec("data"):
-            prompts = self.train_loader.next_batch()
-        if self.probe_prompts is None:
-            self.probe_prompts = [list(p.prompt_token_ids) for p in prompts[:PROBE_PROMPTS]]
-        prefix = f"train-{step}"
-        with rec("gen") as span:
-            batch = self._generate(prompts, self.sampling_params, step, prefix, extra)
-            span.tokens = tokens = sum(batch.total_lengths)
-        rollout_metrics = dict(self.llm.metrics)  # before anything else generates
-        with rec("reward"):
-            scores_B = self._collect_scores(batch, prefix)
+        batch, scores_B, rollout_metrics = self._rollout(step, rec, extra)
+        tokens = sum(batch.total_lengths)
         mask_BL = batch.response_mask()
-        old_log_prob_BL = ref_log_prob_BL = None
-        if self.actor.needs_old_log_prob(batch):
-            with rec("old_log_prob"):
-                old_log_prob_BL = self.actor.compute_log_prob(batch)
+        ref_log_prob_BL = None
+        old_log_prob_BL = self._old_log_prob(batch, rec)
         if cfg.actor_rollout_ref.actor.use_kl_loss:
             with rec("ref"):
                 ref_log_prob_BL = self.actor.compute_log_prob(batch, model=self.ref_model)
@@ -204,7 +200,9 @@ class SyncTrainer:
             )
         skipped_before = self.actor.skipped_steps
         with rec("update_actor") as span:
-            actor_metrics = self.actor.update(batch, advantages_BL, old_log_prob_BL, ref_log_prob_BL)
+            actor_metrics = self.actor.update(
+                batch, advantages_BL, old_log_prob_BL, ref_log_prob_BL, rollout_log_prob_BL=batch.rollout_log_prob()
+            )
             span.tokens = tokens * cfg.actor_rollout_ref.actor.ppo_epochs
         with rec("update_weights"):
             self._sync_weights()
@@ -222,6 +220,34 @@ class SyncTrainer:
             "extra_forward_passes": int(old_log_prob_BL is not None) + int(ref_log_prob_BL is not None),
         }
         return metrics, flops
+
+    def _rollout(self, step: int, rec: PhaseRecorder, extra: dict[str, float]) -> tuple[RolloutBatch, Tensor, dict]:
+        """The step's samples, their scores and the engine's `rollout/*` metrics: here generated now, on the
+        trainer's weights (the overlap modes take them from the rollouter instead)."""
+        with rec("data"):
+            prompts = self.train_loader.next_batch()
+        if self.probe_prompts is None:
+            self.probe_prompts = [list(p.prompt_token_ids) for p in prompts[:PROBE_PROMPTS]]
+        prefix = f"train-{step}"
+        with rec("gen") as span:
+            batch = self._generate(prompts, self.sampling_params, step, prefix, extra)
+            span.tokens = sum(batch.total_lengths)
+        rollout_metrics = dict(self.llm.metrics)  # before anything else generates
+        with rec("reward"):
+            scores_B = self._collect_scores(batch, prefix)
+        return batch, scores_B, rollout_metrics
+
+    def _old_log_prob(self, batch: RolloutBatch, rec: PhaseRecorder) -> Tensor | None:
+        """The PPO ratio's anchor, recomputed under the weights before the update; None when the ratio is exactly 1
+        (the update then uses its own detached log-probs)."""
+        if not self.actor.needs_old_log_prob(batch):
+            return None
+        with rec("old_log_prob"):
+            return self.actor.compute_log_prob(batch)
+
+    def request_params(self, prompt: TokenizedPrompt, params: SamplingParams) -> SamplingParams:
+        """The sampling params of one prompt's request (the same for all here; benchmarks vary max_tokens)."""
+        return params
 
     @torch.no_grad()
     def validate(self, step: int) -> dict[str, float]:
@@ -247,8 +273,8 @@ class SyncTrainer:
         state = TrainingState(
             step=step,
             scheduler=self.actor.scheduler.state_dict(),
-            train_loader=_loader_state(self.train_loader),
-            val_loader=_loader_state(self.val_loader),
+            train_loader=self._trainloader_state(step),
+            val_loader=loader_state(self.val_loader),
             extra={
                 "skipped_steps": self.actor.skipped_steps,
                 "nonfinite_streak": self.nonfinite_streak,
@@ -257,6 +283,10 @@ class SyncTrainer:
         )
         keep = self.config.trainer.max_actor_ckpt_to_keep
         return save_checkpoint(self.ckpt_root, state, self.model, self.actor.optimizer, self.tokenizer, keep)
+
+    def _trainloader_state(self, step: int) -> dict[str, Any] | None:
+        """The loader position after the batches of steps 1..step."""
+        return loader_state(self.train_loader)
 
     def resume(self) -> int | None:
         """Load the checkpoint `trainer.resume_mode` names; returns its step, or None when starting fresh."""
@@ -318,7 +348,8 @@ class SyncTrainer:
         try:
             if metrics is not None and not self.shares_weights and self.probe_prompts:
                 metrics["actor/sync_logprob_diff"] = self._sync_probe(step)
-            return generate_rollouts(self.llm, prompts, params, self.seed, step, on_prompt_done=submit)
+            per_prompt = [self.request_params(p, params) for p in prompts]
+            return generate_rollouts(self.llm, prompts, per_prompt, self.seed, step, on_prompt_done=submit)
         finally:
             if self.free_cache_engine:
                 self.llm.release()
@@ -362,5 +393,5 @@ def sampling_params(section: Any, max_tokens: int, ignore_eos: bool = False) -> 
     )
 
 
-def _loader_state(loader: Any) -> dict[str, Any] | None:
+def loader_state(loader: Any) -> dict[str, Any] | None:
     return loader.state_dict() if loader is not None and hasattr(loader, "state_dict") else None
