@@ -66,3 +66,12 @@ def test_root_checks_run_on_direct_construction():
     cfg.data.train_batch_size = 8
     with pytest.raises(ConfigError, match="ppo_mini_batch_size=256: is larger than data.train_batch_size=8"):
         NonstopConfig(data=cfg.data)
+
+
+def test_async_training_section():
+    cfg = load_config(None, ["trainer.mode=async", "async_training.max_staleness=3"])
+    assert (cfg.async_training.max_staleness, cfg.async_training.partial_rollout) == (3, True)
+    with pytest.raises(ConfigError, match="async_training.max_staleness=-1: must be >= 0"):
+        load_config(None, ["async_training.max_staleness=-1"])
+    with pytest.raises(ConfigError, match="set async_training.max_staleness"):
+        load_config(None, ["async_training.staleness_threshold=0.1"])

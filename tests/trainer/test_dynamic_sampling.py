@@ -111,9 +111,9 @@ def test_dynamic_sampling_keeps_the_batch_size_and_reports_the_filtered_fraction
     trained_uids = []
     real_update = trainer.actor.update
 
-    def spy(batch, *args):
+    def spy(batch, *args, **kwargs):
         trained_uids.append(batch.uids)
-        return real_update(batch, *args)
+        return real_update(batch, *args, **kwargs)
 
     trainer.actor.update = spy
     history = trainer.fit()

@@ -14,7 +14,7 @@ from nonstop.rewards import RewardPool
 from nonstop.rewards.reward_model import RewardModel
 from nonstop.rollout import LLM
 from nonstop.trainer import SyncTrainer
-from nonstop.trainer.build import build_engine
+from nonstop.trainer.build import TRAINERS, build_engine
 
 TARGET_TOKEN = 7
 VOCAB = 32
@@ -87,7 +87,8 @@ def make_trainer(
     engine_copy: bool = False,
     device: str = "cpu",
 ) -> SyncTrainer:
-    """`engine_copy`: the engine gets its own copy of the weights (as on CUDA) instead of sharing the trainer's.
+    """`engine_copy`: the engine gets its own copy of the weights (as on CUDA, and always in the overlap modes
+    `trainer.mode=one_step_off|async`) instead of sharing the trainer's.
     `device="cuda"`: the production CUDA path (`build_engine`: a bf16 engine copy; bf16 autocast updates)."""
     config = load_config(
         None,
@@ -115,14 +116,14 @@ def make_trainer(
         llm = build_engine(config, model, tokenizer, torch.device(device))
     else:
         llm = LLM(
-            copy.deepcopy(model) if engine_copy else model,
+            copy.deepcopy(model) if engine_copy or config.trainer.mode != "sync" else model,
             tokenizer=tokenizer,
             device="cpu",
             max_model_len=16,
             num_kv_blocks=64,
             seed=seed,
         )
-    return SyncTrainer(
+    return TRAINERS[config.trainer.mode](
         config,
         model,
         tokenizer,

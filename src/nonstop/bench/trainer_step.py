@@ -188,11 +188,14 @@ def nonstop_overrides(work: Path, args: argparse.Namespace) -> list[str]:
     ]
 
 
-def run_nonstop(work: Path, args: argparse.Namespace) -> dict[str, Any]:
+def run_nonstop(work: Path, args: argparse.Namespace, prepare: Callable[[Any], None] | None = None) -> dict[str, Any]:
+    """`prepare(trainer)` adjusts the built trainer before its first step (bench modes: per-prompt max_tokens)."""
     from nonstop.config import load_config
     from nonstop.trainer import build_trainer
 
     trainer = build_trainer(load_config(None, nonstop_overrides(work, args)), console=False)
+    if prepare is not None:
+        prepare(trainer)
     times, rows = [], []
     try:
         for step in range(1, args.warmup + args.steps + 1):
@@ -207,7 +210,8 @@ def run_nonstop(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         trainer.close()
     result = timed(times, args.warmup)
     kept = rows[args.warmup :]
-    result["metrics"] = median_metrics(kept, ("timing_s/", "perf/", "response_length/", "critic/score/", "actor/"))
+    prefixes = ("timing_s/", "perf/", "response_length/", "critic/score/", "actor/", "trainer/", "rollouter/", "async/")
+    result["metrics"] = median_metrics(kept, prefixes)
     result["tokens_per_step"] = statistics.median(row["perf/total_num_tokens"] for row in kept)
     result["throughput"] = result["tokens_per_step"] / result["step_s"]
     result["min_response_length"] = min(row["response_length/min"] for row in rows)

@@ -12,6 +12,7 @@ from typing import Any
 
 from .actor import ActorConfig, RefConfig
 from .algorithm import GROUP_ESTIMATORS, AlgorithmConfig
+from .async_training import AsyncTrainingConfig
 from .critic import CriticConfig
 from .data import DataConfig
 from .errors import ConfigError, check
@@ -41,6 +42,7 @@ class NonstopConfig:
     custom_reward_function: CustomRewardFunctionConfig = section(CustomRewardFunctionConfig, "User scoring function")
     algorithm: AlgorithmConfig = section(AlgorithmConfig, "Advantages and KL")
     trainer: TrainerConfig = section(TrainerConfig, "The run")
+    async_training: AsyncTrainingConfig = section(AsyncTrainingConfig, "Overlap of rollout and training (async modes)")
     global_profiler: GlobalProfilerConfig = section(GlobalProfilerConfig, "Kernel traces")
 
     def __post_init__(self):

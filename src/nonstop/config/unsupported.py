@@ -178,6 +178,13 @@ RULES: tuple[Unsupported, ...] = (
         "algorithm.rollout_correction.loss_type", "the policy loss is actor_rollout_ref.actor.policy_loss", ANY
     ),
     Unsupported("algorithm.rollout_correction.rollout_is_batch_normalize", "not implemented", (False,)),
+    # verl's fully-async recipe: nonstop bounds the policy lag itself and syncs after every step.
+    Unsupported(
+        "async_training.staleness_threshold",
+        "nonstop bounds the policy-version lag directly; set async_training.max_staleness",
+    ),
+    Unsupported("async_training.trigger_parameter_sync_step", "weights are published after every step", (1,)),
+    Unsupported("async_training.require_batches", "a step trains data.train_batch_size prompts", (1,)),
     # Rewards.
     Unsupported(
         "reward_model.reward_manager",

@@ -83,8 +83,10 @@ class DecodeGraphs:
         r.model(r.decode_input_ids(bucket), positions, backend)
         torch.cuda.synchronize(dev)
         graph = torch.cuda.CUDAGraph()
-        # One memory pool for all buckets: graphs replay one at a time, so they can share it.
-        with torch.cuda.graph(graph, pool=self.pool):
+        # One memory pool for all buckets: graphs replay one at a time, so they can share it. thread_local: in the
+        # overlap modes the trainer thread keeps allocating and launching on its own stream while the rollouter
+        # thread captures; "global" would make those calls fail during the capture.
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             # The input-id gather is captured too: a replay reads the previous step's samples on the device.
             self.hidden_ND[:bucket] = r.model(r.decode_input_ids(bucket), positions, backend)
         if self.pool is None:

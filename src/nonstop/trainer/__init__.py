@@ -1,13 +1,16 @@
 """The step loop that joins rollout, rewards, advantages and the actor update. `trainer.mode=sync` (colocated,
-time-sliced) exists; `one_step_off` and `async` are planned."""
+time-sliced), `one_step_off` and `async` (generation overlaps training, async_trainer.py)."""
 
 from nonstop.trainer.actor import Actor
+from nonstop.trainer.async_trainer import AsyncTrainer, OneStepOffTrainer
 from nonstop.trainer.build import build_trainer, resolve_device
 from nonstop.trainer.rollout_batch import RolloutBatch, Sample, generate_rollouts, prompt_seed
 from nonstop.trainer.sync_trainer import SyncTrainer
 
 __all__ = [
     "Actor",
+    "AsyncTrainer",
+    "OneStepOffTrainer",
     "RolloutBatch",
     "Sample",
     "SyncTrainer",

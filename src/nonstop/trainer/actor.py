@@ -24,6 +24,7 @@ from torch import Tensor
 
 from nonstop.algos import agg_loss, get_policy_loss_fn, kl_penalty
 from nonstop.config.actor import PREFIX_GROUPER_AUTO_MIN_SAVED, ActorConfig
+from nonstop.config.algorithm import RolloutCorrectionConfig
 from nonstop.kernels.dispatch import fused_kernels
 from nonstop.train import (
     fixed_micro_batches,
@@ -37,6 +38,7 @@ from nonstop.train import (
     token_budget_micro_batches,
 )
 from nonstop.trainer.lr_schedule import lr_factor
+from nonstop.trainer.off_policy import behaviour_gap, rollout_is_weights
 from nonstop.trainer.rollout_batch import RolloutBatch
 
 
@@ -50,12 +52,16 @@ class Actor:
         temperature: float,
         compute_dtype: torch.dtype | None = None,
         logprob_chunk_size: int = 1024,
+        rollout_correction: RolloutCorrectionConfig | None = None,
     ):
         """`temperature` is the rollout's: log-probs are recomputed at the temperature the samples were drawn at.
-        `compute_dtype` (CUDA only) runs forward and backward under autocast; parameters keep their dtype."""
+        `compute_dtype` (CUDA only) runs forward and backward under autocast; parameters keep their dtype.
+        `rollout_correction`: truncated importance weights against the engine's log-probs (off when None or its
+        `rollout_is` is None)."""
         self.model, self.config, self.rollout_n = model, config, rollout_n
         self.temperature = temperature if temperature > 0 else 1.0  # greedy rollouts: score the plain softmax
         self.compute_dtype, self.chunk_size = compute_dtype, logprob_chunk_size
+        self.rollout_correction = rollout_correction or RolloutCorrectionConfig()
         self.device = next(model.parameters()).device
         optim = config.optim
         self.optimizer = torch.optim.AdamW(
@@ -188,9 +194,11 @@ class Actor:
         advantages_BL: Tensor,
         old_log_prob_BL: Tensor | None = None,
         ref_log_prob_BL: Tensor | None = None,
+        rollout_log_prob_BL: Tensor | None = None,
     ) -> dict[str, float]:
         """One trainer step of optimizer updates; then one learning-rate scheduler step. `old_log_prob_BL=None`
-        requires `not needs_old_log_prob(batch)` (ratio exactly 1)."""
+        requires `not needs_old_log_prob(batch)` (ratio exactly 1). `rollout_log_prob_BL`: the engine's (behaviour)
+        log-probs, for the importance weights and the `rollout_corr/*` gap between behaviour and old policy."""
         if old_log_prob_BL is None and self.needs_old_log_prob(batch):
             raise ValueError("several mini-batches or epochs need old log-probs computed before the update")
         if self.config.use_kl_loss and ref_log_prob_BL is None:
@@ -198,6 +206,8 @@ class Actor:
         cfg = self.config
         mask_BL = batch.response_mask().to(self.device)
         advantages_BL = advantages_BL.to(self.device)
+        if rollout_log_prob_BL is not None:
+            rollout_log_prob_BL = rollout_log_prob_BL.to(self.device)
         lr = self.optimizer.param_groups[0]["lr"]
         sums: dict[str, float] = {}
         num_updates = 0
@@ -206,7 +216,7 @@ class Actor:
         for _ in range(cfg.ppo_epochs):
             for mini in self.mini_batches(batch):
                 step_metrics = self._mini_batch_step(
-                    batch, mini, mask_BL, advantages_BL, old_log_prob_BL, ref_log_prob_BL
+                    batch, mini, mask_BL, advantages_BL, old_log_prob_BL, ref_log_prob_BL, rollout_log_prob_BL
                 )
                 for key, value in step_metrics.items():
                     sums[key] = sums.get(key, 0.0) + value
@@ -230,6 +240,7 @@ class Actor:
         advantages_BL: Tensor,
         old_log_prob_BL: Tensor | None,
         ref_log_prob_BL: Tensor | None,
+        rollout_log_prob_BL: Tensor | None = None,
     ) -> dict[str, float]:
         """Forward/backward every micro-batch of `mini`, then one optimizer step unless the loss or the gradient
         norm is not finite (then the gradients are dropped and the skip counted)."""
@@ -244,8 +255,22 @@ class Actor:
             mask_bL = mask_BL[rows]
             logp_bL, entropy_bL = self.forward(batch, rows, width, compute_entropy=True, grouped=grouped)
             old_bL = logp_bL.detach() if old_log_prob_BL is None else old_log_prob_BL[rows]
+            is_weights_bL = None
+            if rollout_log_prob_BL is not None:
+                rollout_bL = rollout_log_prob_BL[rows]
+                is_weights_bL = rollout_is_weights(old_bL, rollout_bL, mask_bL, self.rollout_correction)
+                for key, value in behaviour_gap(old_bL, rollout_bL, mask_bL, is_weights_bL).items():
+                    totals.setdefault(key, torch.zeros((), device=self.device))
+                    totals[key] += value * (mask_bL.sum() / info["batch_num_tokens"])
             pg_loss, pg_metrics = self.loss_fn(
-                old_bL, logp_bL, advantages_BL[rows], mask_bL, cfg.loss_agg_mode, cfg, global_batch_info=info
+                old_bL,
+                logp_bL,
+                advantages_BL[rows],
+                mask_bL,
+                cfg.loss_agg_mode,
+                cfg,
+                rollout_is_weights=is_weights_bL,
+                global_batch_info=info,
             )
             loss = pg_loss
             if cfg.entropy_coeff != 0:
@@ -280,4 +305,5 @@ class Actor:
         }
         if "kl_loss" in totals:
             metrics["actor/kl_loss"] = totals["kl_loss"].item()
+        metrics.update({key: value.item() for key, value in totals.items() if key.startswith("rollout_corr/")})
         return metrics

@@ -13,6 +13,7 @@ from nonstop.models.tokenizer import load_tokenizer
 from nonstop.rewards import RewardPool
 from nonstop.rewards.reward_model import RewardModel
 from nonstop.rollout import LLM
+from nonstop.trainer.async_trainer import AsyncTrainer, OneStepOffTrainer
 from nonstop.trainer.sync_trainer import SyncTrainer
 
 
@@ -31,12 +32,14 @@ def resolve_device(name: str) -> torch.device:
 
 
 def build_engine(config: NonstopConfig, model: torch.nn.Module, tokenizer, device: torch.device) -> LLM:
-    """On CPU the engine runs the trainer's fp32 model itself (no copy, no sync); on CUDA a copy in
-    `rollout.dtype` that `LLM.update_weights` refreshes after each step."""
+    """On CUDA the engine holds a copy in `rollout.dtype` that `LLM.update_weights` refreshes after each step. On
+    CPU, sync mode runs the trainer's fp32 model itself (no copy, no sync); the overlap modes need a copy there too
+    (an fp32 one), since the engine generates while the optimizer changes the trainer's weights."""
     rollout, data = config.actor_rollout_ref.rollout, config.data
     engine_model = model
-    if device.type == "cuda":
-        engine_model = copy.deepcopy(model).to(dtype=torch_dtype(rollout.dtype))
+    if device.type == "cuda" or config.trainer.mode != "sync":
+        dtype = torch_dtype(rollout.dtype) if device.type == "cuda" else next(model.parameters()).dtype
+        engine_model = copy.deepcopy(model).to(dtype=dtype)
         engine_model.requires_grad_(False)
     return LLM(
         engine_model,
@@ -51,9 +54,10 @@ def build_engine(config: NonstopConfig, model: torch.nn.Module, tokenizer, devic
     )
 
 
+TRAINERS = {"sync": SyncTrainer, "one_step_off": OneStepOffTrainer, "async": AsyncTrainer}
+
+
 def build_trainer(config: NonstopConfig, console: bool = True) -> SyncTrainer:
-    if config.trainer.mode != "sync":
-        raise ValueError(f"trainer.mode={config.trainer.mode!r} is not implemented yet; use trainer.mode=sync")
     model_cfg, actor_cfg = config.actor_rollout_ref.model, config.actor_rollout_ref.actor
     if model_cfg.override_config:
         raise ValueError("actor_rollout_ref.model.override_config is not supported by the trainer yet")
@@ -73,7 +77,7 @@ def build_trainer(config: NonstopConfig, console: bool = True) -> SyncTrainer:
     reward_model = RewardModel.from_config(config.reward_model, device) if config.reward_model.enable else None
     pool = RewardPool.from_config(config.reward_model, config.custom_reward_function)
     try:
-        return SyncTrainer(
+        return TRAINERS[config.trainer.mode](
             config,
             model,
             tokenizer,

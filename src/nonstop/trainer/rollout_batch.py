@@ -39,6 +39,8 @@ class Sample:
     ground_truth: Any
     extra_info: dict[str, Any] = field(default_factory=dict)
     raw_prompt: list[dict[str, str]] = field(default_factory=list)  # the chat messages, for a reward model
+    # The policy version (trainer steps taken) of the weights that sampled each response token; empty in sync mode.
+    token_policy_versions: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -69,11 +71,17 @@ class RolloutBatch:
         width = max(1, int(lengths_B.max()))
         return (torch.arange(width) < lengths_B.unsqueeze(1)).float()
 
+    def rollout_log_prob(self) -> Tensor:
+        """`[B, L]` the engine's log-prob of every response token (the behaviour policy), zero on padding."""
+        mask_BL = self.response_mask().bool()
+        values = torch.tensor([lp for s in self.samples for lp in s.rollout_logprobs], dtype=torch.float32)
+        return torch.zeros(mask_BL.shape).masked_scatter(mask_BL, values)
+
 
 def generate_rollouts(
     llm: LLM,
     prompts: Sequence[TokenizedPrompt],
-    params: SamplingParams,
+    params: SamplingParams | Sequence[SamplingParams],
     base_seed: int,
     step: int,
     on_prompt_done: Callable[[int, list[Sample]], None] | None = None,
@@ -81,8 +89,10 @@ def generate_rollouts(
 ) -> RolloutBatch:
     """n samples per prompt, prompt i seeded by `prompt_seed(base_seed, step, first_index + i)` (greedy ignores the
     seed; `first_index` numbers the prompts of a step's later generation batches on from its earlier ones).
-    `on_prompt_done(i, samples)` gets prompt i's samples as soon as they are all finished, in finishing order."""
-    per_prompt = [replace(params, seed=prompt_seed(base_seed, step, first_index + i)) for i in range(len(prompts))]
+    `params` is one SamplingParams for all prompts or one per prompt. `on_prompt_done(i, samples)` gets prompt i's
+    samples as soon as they are all finished, in finishing order."""
+    params_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+    per_prompt = [replace(p, seed=prompt_seed(base_seed, step, first_index + i)) for i, p in enumerate(params_list)]
     by_prompt: dict[int, list[Sample]] = {}
 
     def finished(index: int, output: RequestOutput) -> None:
@@ -91,7 +101,7 @@ def generate_rollouts(
             on_prompt_done(index, by_prompt[index])
 
     llm.generate([p.prompt_token_ids for p in prompts], per_prompt, on_finished=finished)
-    return RolloutBatch([s for i in range(len(prompts)) for s in by_prompt[i]], params.max_tokens)
+    return RolloutBatch([s for i in range(len(prompts)) for s in by_prompt[i]], max(p.max_tokens for p in per_prompt))
 
 
 def _samples(prompt: TokenizedPrompt, output: RequestOutput) -> list[Sample]:

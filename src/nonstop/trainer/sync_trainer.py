@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from nonstop.algos import compute_advantage, outcome_token_rewards
 from nonstop.config import NonstopConfig, config_to_yaml
@@ -97,7 +98,13 @@ class SyncTrainer:
         self.val_sampling_params = sampling_params(rollout.val_kwargs, max_tokens)
         device = next(model.parameters()).device
         self.actor = Actor(
-            model, arr.actor, rollout.n, self.total_steps, self.sampling_params.temperature, compute_dtype
+            model,
+            arr.actor,
+            rollout.n,
+            self.total_steps,
+            self.sampling_params.temperature,
+            compute_dtype,
+            rollout_correction=algorithm.rollout_correction,
         )
         self.seed = 0 if config.data.seed is None else config.data.seed
         self.shares_weights = llm.model is model
@@ -186,10 +193,8 @@ class SyncTrainer:
         batch, scores_B, extra = self._rollout(step, rec)
         tokens = sum(batch.total_lengths)
         mask_BL = batch.response_mask()
-        old_log_prob_BL = ref_log_prob_BL = None
-        if self.actor.needs_old_log_prob(batch):
-            with rec("old_log_prob"):
-                old_log_prob_BL = self.actor.compute_log_prob(batch)
+        ref_log_prob_BL = None
+        old_log_prob_BL = self._old_log_prob(batch, rec)
         if cfg.actor_rollout_ref.actor.use_kl_loss:
             with rec("ref"):
                 ref_log_prob_BL = self.actor.compute_log_prob(batch, model=self.ref_model)
@@ -204,7 +209,9 @@ class SyncTrainer:
             )
         skipped_before = self.actor.skipped_steps
         with rec("update_actor") as span:
-            actor_metrics = self.actor.update(batch, advantages_BL, old_log_prob_BL, ref_log_prob_BL)
+            actor_metrics = self.actor.update(
+                batch, advantages_BL, old_log_prob_BL, ref_log_prob_BL, rollout_log_prob_BL=batch.rollout_log_prob()
+            )
             span.tokens = tokens * cfg.actor_rollout_ref.actor.ppo_epochs
         with rec("update_weights"):
             self._sync_weights()
@@ -279,6 +286,18 @@ class SyncTrainer:
             "reward/overlong_frac": (penalty_B < 0).float().mean().item(),
         }
 
+    def _old_log_prob(self, batch: RolloutBatch, rec: PhaseRecorder) -> Tensor | None:
+        """The PPO ratio's anchor, recomputed under the weights before the update; None when the ratio is exactly 1
+        (the update then uses its own detached log-probs)."""
+        if not self.actor.needs_old_log_prob(batch):
+            return None
+        with rec("old_log_prob"):
+            return self.actor.compute_log_prob(batch)
+
+    def request_params(self, prompt: TokenizedPrompt, params: SamplingParams) -> SamplingParams:
+        """The sampling params of one prompt's request (the same for all here; benchmarks vary max_tokens)."""
+        return params
+
     @torch.no_grad()
     def validate(self, step: int) -> dict[str, float]:
         """Greedy (per `rollout.val_kwargs`) over one pass of the validation loader: `val/<data_source>/score`, and
@@ -307,8 +326,8 @@ class SyncTrainer:
         state = TrainingState(
             step=step,
             scheduler=self.actor.scheduler.state_dict(),
-            train_loader=_loader_state(self.train_loader),
-            val_loader=_loader_state(self.val_loader),
+            train_loader=self._train_loader_state(step),
+            val_loader=loader_state(self.val_loader),
             extra={
                 "skipped_steps": self.actor.skipped_steps,
                 "nonfinite_streak": self.nonfinite_streak,
@@ -317,6 +336,10 @@ class SyncTrainer:
         )
         keep = self.config.trainer.max_actor_ckpt_to_keep
         return save_checkpoint(self.ckpt_root, state, self.model, self.actor.optimizer, self.tokenizer, keep)
+
+    def _train_loader_state(self, step: int) -> dict[str, Any] | None:
+        """The loader position after the batches of steps 1..step."""
+        return loader_state(self.train_loader)
 
     def resume(self) -> int | None:
         """Load the checkpoint `trainer.resume_mode` names; returns its step, or None when starting fresh."""
@@ -333,9 +356,9 @@ class SyncTrainer:
                 return None
         state = load_checkpoint(path, self.model, self.actor.optimizer)
         self.actor.scheduler.load_state_dict(state.scheduler)
-        for loader, loader_state in ((self.train_loader, state.train_loader), (self.val_loader, state.val_loader)):
-            if loader_state is not None and loader is not None:
-                loader.load_state_dict(loader_state)
+        for loader, saved in ((self.train_loader, state.train_loader), (self.val_loader, state.val_loader)):
+            if saved is not None and loader is not None:
+                loader.load_state_dict(saved)
         self.actor.skipped_steps = state.extra["skipped_steps"]
         self.nonfinite_streak = state.extra["nonfinite_streak"]
         self.probe_prompts = state.extra["probe_prompts"]
@@ -380,8 +403,9 @@ class SyncTrainer:
         try:
             if metrics is not None and not self.shares_weights and self.probe_prompts:
                 metrics["actor/sync_logprob_diff"] = self._sync_probe(step)
+            per_prompt = [self.request_params(p, params) for p in prompts]
             on_done = submit if self.score_rules else None
-            return generate_rollouts(self.llm, prompts, params, self.seed, step, on_done, first_index)
+            return generate_rollouts(self.llm, prompts, per_prompt, self.seed, step, on_done, first_index)
         finally:
             if self.free_cache_engine:
                 self.llm.release()
@@ -442,5 +466,5 @@ def sampling_params(section: Any, max_tokens: int, ignore_eos: bool = False) -> 
     )
 
 
-def _loader_state(loader: Any) -> dict[str, Any] | None:
+def loader_state(loader: Any) -> dict[str, Any] | None:
     return loader.state_dict() if loader is not None and hasattr(loader, "state_dict") else None
