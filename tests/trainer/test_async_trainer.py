@@ -102,3 +102,33 @@ def test_learning_parity_with_sync(trainer_factory):
     for mode, history in runs.items():
         assert history[0]["critic/score/mean"] < 0.1, (mode, history[0])
         assert final[mode] > 0.9, (mode, final)
+
+
+def test_resume_trains_the_blocks_the_checkpoint_had_not_reached(trainer_factory, tmp_path, monkeypatch):
+    """The rollouter reads prompts ahead of training; a checkpoint at step s must store the loader as it was after
+    block s, so a resumed run trains blocks s+1, s+2, ... — no prompt skipped or trained twice."""
+    overrides = (
+        "trainer.total_training_steps=4",
+        "trainer.save_freq=2",
+        "trainer.mode=async",
+        "async_training.max_staleness=2",
+    )
+    crashed = trainer_factory(overrides, run_dir=tmp_path / "run")
+    real_step = crashed.step
+
+    def crash_at_3(step):
+        if step == 3:
+            raise RuntimeError("simulated crash")
+        return real_step(step)
+
+    monkeypatch.setattr(crashed, "step", crash_at_3)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        crashed.fit()
+    crashed.close()
+    resumed = trainer_factory(overrides, run_dir=tmp_path / "run")
+    batches = _record_batches(resumed)
+    resumed.fit()
+    batch_size, n = 4, 8
+    assert [b.uids for b in batches] == [
+        [f"p{step * batch_size + i}" for i in range(batch_size) for _ in range(n)] for step in (2, 3)
+    ]
