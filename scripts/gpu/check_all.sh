@@ -14,7 +14,7 @@ step() { local name=$1 limit=$2; shift 2
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
   tail -n 25 "$OUT/$name.log"; echo "=== $name rc=$rc $((SECONDS - t0))s"; }
 step pytest_gpu "${PYTEST_LIMIT:-240}" python3 -m pytest -q -p no:cacheprovider -m gpu tests
-step pytest_sel "${PYTEST_LIMIT:-240}" python3 -m pytest -q -p no:cacheprovider -m gpu ${PYTEST_ARGS:-tests}
+step pytest_sel "${PYTEST_LIMIT:-240}" python3 -m pytest -v --tb=short -p no:cacheprovider -m gpu ${PYTEST_ARGS:-tests}
 step bf16_probe 90 python3 scripts/gpu/bf16_parity_probe.py
 step bench_decode 150 python3 -m nonstop bench decode-attention --out "$OUT/decode_attention.json"
 step bench_rollout "${ROLLOUT_LIMIT:-300}" python3 -m nonstop bench rollout \
