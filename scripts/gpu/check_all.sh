@@ -23,3 +23,7 @@ step bench_trainer "${TRAINER_LIMIT:-300}" python3 -m nonstop bench trainer ${TR
 step bench_trainer_nonstop "${TRAINER_LIMIT:-300}" python3 -m nonstop bench trainer --sides nonstop ${TRAINER_NONSTOP_ARGS:-} \
   --out "$OUT/trainer_nonstop.json"
 step bench_phases 120 python3 -m nonstop bench phases --out "$OUT/phases.json"
+step bench_phases_real 120 python3 -m nonstop bench phases --work-us 50000 --repeats 20 --warmup 3 \
+  --out "$OUT/phases_real.json"
+step bench_prefix "${PREFIX_LIMIT:-200}" python3 -m nonstop bench prefix ${PREFIX_ARGS:-} --out "$OUT/prefix.json"
+step bench_modes "${MODES_LIMIT:-200}" python3 -m nonstop bench modes ${MODES_ARGS:-} --out "$OUT/modes.json"
