@@ -15,6 +15,7 @@ are scattered into this layout before calling in: sequence-level pieces (GSPO's 
 aggregations, returns that run backwards along a response) need the row structure.
 """
 
+from . import cov_policy_loss  # noqa: F401  (registers clip_cov and kl_cov)
 from .advantages import (
     ADV_ESTIMATOR_REGISTRY,
     compute_advantage,

@@ -41,7 +41,7 @@ from nonstop.trainer.plots import plot_curves
 from nonstop.trainer.rollout_batch import RolloutBatch, Sample, generate_rollouts
 
 # Estimators that need only outcome scores and groups; gae needs a critic, which this loop does not train yet.
-OUTCOME_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+OUTCOME_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo", "grpo_passk")
 PROBE_PROMPTS, PROBE_TOKENS = 2, 16  # the weight-sync probe: a few sampled tokens of the first step's first prompts
 
 
