@@ -58,28 +58,21 @@ class Actor:
     # -- batching ---------------------------------------------------------------------------------------------------
 
     def mini_batches(self, batch: RolloutBatch) -> list[list[int]]:
-        """Contiguous runs of `ppo_mini_batch_size` prompts' samples (the last may be shorter)."""
-        size = self.config.ppo_mini_batch_size * self.rollout_n
-        return [list(range(s, min(s + size, len(batch)))) for s in range(0, len(batch), size)]
+        return mini_batches(batch, self.config.ppo_mini_batch_size * self.rollout_n)
 
     def needs_old_log_prob(self, batch: RolloutBatch) -> bool:
         return len(self.mini_batches(batch)) > 1 or self.config.ppo_epochs > 1
 
     def micro_batches(self, batch: RolloutBatch, rows: list[int]) -> list[list[int]]:
-        """Index lists into `rows`' samples: by token budget (`use_dynamic_bsz`) or by count."""
-        if self.config.use_dynamic_bsz:
-            lengths = [batch.total_lengths[r] for r in rows]
-            parts = token_budget_micro_batches(lengths, self.config.ppo_max_token_len_per_gpu)
-        else:
-            parts = fixed_micro_batches(len(rows), self.config.ppo_micro_batch_size_per_gpu or len(rows))
-        return [[rows[i] for i in part] for part in parts]
+        cfg = self.config
+        return micro_batches(
+            batch, rows, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu, cfg.ppo_micro_batch_size_per_gpu
+        )
 
     # -- forward ----------------------------------------------------------------------------------------------------
 
     def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.device.type == "cuda" and self.compute_dtype is not None:
-            return torch.autocast("cuda", dtype=self.compute_dtype)
-        return contextlib.nullcontext()
+        return autocast(self.device, self.compute_dtype)
 
     def forward(
         self,
@@ -96,13 +89,8 @@ class Actor:
             logp_R, entropy_R = response_logprobs(
                 model or self.model, packed, self.temperature, self.chunk_size, compute_entropy=compute_entropy
             )
-        lengths_b = torch.tensor(packed.response_lengths, device=self.device)
-        mask_bL = torch.arange(width, device=self.device) < lengths_b.unsqueeze(1)
-        # Boolean-mask assignment fills row by row, left to right: the packed order of response tokens.
-        logp_bL = torch.zeros(len(rows), width, device=self.device).masked_scatter(mask_bL, logp_R)
-        entropy_bL = torch.zeros_like(logp_bL)
-        if entropy_R is not None:
-            entropy_bL = entropy_bL.masked_scatter(mask_bL, entropy_R)
+        logp_bL = packed.to_padded(logp_R, width)
+        entropy_bL = torch.zeros_like(logp_bL) if entropy_R is None else packed.to_padded(entropy_R, width)
         return logp_bL, entropy_bL
 
     @torch.no_grad()
@@ -223,3 +211,29 @@ class Actor:
         if "kl_loss" in totals:
             metrics["actor/kl_loss"] = totals["kl_loss"].item()
         return metrics
+
+
+# -- shared with the critic -------------------------------------------------------------------------------------------
+
+
+def mini_batches(batch: RolloutBatch, size: int) -> list[list[int]]:
+    """Contiguous runs of `size` samples (`ppo_mini_batch_size` prompts × n; the last may be shorter)."""
+    return [list(range(s, min(s + size, len(batch)))) for s in range(0, len(batch), size)]
+
+
+def micro_batches(
+    batch: RolloutBatch, rows: list[int], use_dynamic_bsz: bool, max_token_len: int, micro_batch_size: int | None
+) -> list[list[int]]:
+    """Index lists into `rows`' samples: by token budget (`use_dynamic_bsz`) or by count (None = all of them)."""
+    if use_dynamic_bsz:
+        parts = token_budget_micro_batches([batch.total_lengths[r] for r in rows], max_token_len)
+    else:
+        parts = fixed_micro_batches(len(rows), micro_batch_size or len(rows))
+    return [[rows[i] for i in part] for part in parts]
+
+
+def autocast(device: torch.device, compute_dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    """Forward and backward under `compute_dtype` autocast on CUDA; a no-op elsewhere or without a dtype."""
+    if device.type == "cuda" and compute_dtype is not None:
+        return torch.autocast("cuda", dtype=compute_dtype)
+    return contextlib.nullcontext()
