@@ -8,6 +8,7 @@ import torch
 
 from nonstop.config import NonstopConfig
 from nonstop.data import train_dataloader, val_dataloader
+from nonstop.models.critic_model import CriticModel, load_critic_model
 from nonstop.models.loading import load_model
 from nonstop.models.tokenizer import load_tokenizer
 from nonstop.rewards import RewardPool
@@ -73,6 +74,7 @@ def build_trainer(config: NonstopConfig, console: bool = True) -> SyncTrainer:
     ref_model = None
     if actor_cfg.use_kl_loss:
         ref_model = copy.deepcopy(model).requires_grad_(False).eval()
+    critic_model = build_critic_model(config, model, device) if config.critic.enable else None
     llm = build_engine(config, model, tokenizer, device)
     reward_model = RewardModel.from_config(config.reward_model, device) if config.reward_model.enable else None
     pool = RewardPool.from_config(config.reward_model, config.custom_reward_function)
@@ -89,7 +91,20 @@ def build_trainer(config: NonstopConfig, console: bool = True) -> SyncTrainer:
             compute_dtype=torch_dtype(actor_cfg.fsdp_config.dtype) if device.type == "cuda" else None,
             console=console,
             reward_model=reward_model,
+            critic_model=critic_model,
         )
     except BaseException:
         pool.close()
         raise
+
+
+def build_critic_model(config: NonstopConfig, policy: torch.nn.Module, device: torch.device) -> CriticModel:
+    """From `critic.model.path`, or (null) a copy of the already loaded policy's trunk; in `critic.model.fsdp_config.
+    model_dtype`."""
+    critic_cfg = config.critic.model
+    if critic_cfg.override_config:
+        raise ValueError("critic.model.override_config is not supported by the trainer yet")
+    dtype = torch_dtype(critic_cfg.fsdp_config.model_dtype)
+    if critic_cfg.path is None:
+        return CriticModel.from_policy(policy).to(dtype=dtype)
+    return load_critic_model(critic_cfg.path, dtype=dtype, device=device)
