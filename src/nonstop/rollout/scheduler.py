@@ -281,14 +281,14 @@ class Scheduler:
     def _advance_steps(self, batch: ScheduledBatch, result: StepResult) -> StepResult:
         """A multi-step decode launch: sample row j * S + i is sequence i's token of step j (S sequences); rows of
         steps past a sequence's own count are computed but not listed."""
-        S = len(batch.seqs)
-        for j in range(batch.num_scheduler_steps):
-            for i, (seq, m) in enumerate(zip(batch.seqs, batch.num_steps, strict=True)):
-                if j < m:
-                    result.sampled.append((seq, seq.num_tokens))
-                    seq.append_token(placeholder(j * S + i), 0.0)
-        for seq, m in zip(batch.seqs, batch.num_steps, strict=True):
+        S, per_seq = len(batch.seqs), []
+        for i, (seq, m) in enumerate(zip(batch.seqs, batch.num_steps, strict=True)):
+            start = seq.num_tokens
+            seq.token_ids += [placeholder(j * S + i) for j in range(m)]
+            seq.output_logprobs += [0.0] * m
             seq.num_cached_tokens += m
+            per_seq.append([(seq, start + j) for j in range(m)])
+        result.sampled = [rows[j] for j in range(batch.num_scheduler_steps) for rows in per_seq if j < len(rows)]
         return result
 
     def update(
@@ -297,20 +297,22 @@ class Scheduler:
         """Fill in a launched step's sampled tokens (rows as `advance` listed them); returns the sequences they
         finish. A row whose sequence finished in the previous update was computed past its end and is dropped."""
         assert len(sampled) == len(token_ids) == len(logprobs)
-        finished = []
+        finished, filled = [], {}
         for (seq, index), token_id, logprob in zip(sampled, token_ids, logprobs, strict=True):
             if seq.is_finished:
                 self.stats.num_discarded_tokens += 1
                 continue
             seq.token_ids[index] = token_id
             seq.output_logprobs[index - seq.num_prompt_tokens] = logprob
+            filled[seq.seq_id] = seq
             self.stats.num_generated_tokens += 1
             if self._check_stop(seq, index):
-                # Drop what the step launched meanwhile appended past the end.
+                # Drop what was appended past the end: later steps of a multi-step launch, the step launched meanwhile.
                 del seq.token_ids[index + 1 :], seq.output_logprobs[index + 1 - seq.num_prompt_tokens :]
                 finished.append(seq)
-            else:
-                self.block_manager.register_computed(seq)
+        # Once per sequence, its values all in: hash the blocks that filled up while their tokens were pending.
+        for seq in filled.values():
+            self.block_manager.register_computed(seq)
         if finished:
             for seq in finished:
                 self.block_manager.deallocate(seq)
