@@ -18,6 +18,11 @@ engine can defer until it has scheduled and launched the next step (async schedu
 sampled when the next step is built (a placeholder, see sequence.py) reaches that step's input ids on the device,
 from `sampled_ids`, where every step leaves its sampled ids.
 
+Multi-step decode (`num_scheduler_steps` k > 1, a batch the scheduler gave `num_steps`): one launch runs the k decode
+steps back to back on the device — the model (or its CUDA graph) k times, each step's inputs advanced from the
+previous one by small device ops (`_advance_decode_inputs`) — and returns all k × S sampled ids and log-probs in one
+device-to-host copy into reused pinned buffers (`SampledBuffers`): no host round trip and no allocation per step.
+
 CUDA only (`device.type == "cuda"`): the model's q/k/v and gate/up projections are fused (`fuse_projections`), the
 KV cache is sized from `gpu_memory_utilization` after a warm-up forward at `max_num_batched_tokens` measures the
 activation peak, and decode-only steps replay CUDA graphs captured at bucketed batch sizes (each captured lazily at
