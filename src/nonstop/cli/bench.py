@@ -9,6 +9,7 @@ import importlib
 BENCHMARKS = {
     "decode-attention": "nonstop.bench.decode_attention",
     "modes": "nonstop.bench.modes",
+    "engine-host": "nonstop.bench.engine_host",
     "phases": "nonstop.bench.phases",
     "prefix": "nonstop.bench.prefix",
     "rollout": "nonstop.bench.rollout",
