@@ -48,7 +48,9 @@ class RolloutConfig:
     enforce_eager: bool = option(False, "Decode without CUDA graphs")
     cudagraph_capture_sizes: list[int] | None = option(None, "Decode batch sizes captured as CUDA graphs; null = auto")
     num_scheduler_steps: int | None = option(
-        None, "Decode steps chained on the device per engine step when only decoding; null = 8 on CUDA, 1 on CPU"
+        None,
+        "(nonstop) Decode steps chained on the device per engine step when only decoding; null = 1. k > 1 is "
+        "experimental on CUDA: its GPU equality test failed on the H200 (docs/architecture.md)",
     )
     free_cache_engine: bool = option(True, "Release the KV cache while training (sync mode), resume after")
     log_prob_micro_batch_size_per_gpu: int | None = option(

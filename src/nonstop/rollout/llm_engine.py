@@ -24,11 +24,6 @@ from nonstop.rollout.sampling_params import SamplingParams
 from nonstop.rollout.scheduler import Scheduler, SchedulerStats
 from nonstop.rollout.sequence import Sequence
 
-# Multi-step decode's default on CUDA: 8 steps amortise the host's per-launch work (~1 ms at batch 256) below a
-# tenth of a decode step, while a sequence that stops mid-launch wastes at most 7 (+ 8 under async scheduling)
-# discarded tokens of memory-bound decode.
-DEFAULT_CUDA_SCHEDULER_STEPS = 8
-
 
 @dataclass
 class EngineArgs:
@@ -86,10 +81,7 @@ class LLMEngine:
     def __init__(self, model: CausalLM, args: EngineArgs, tokenizer=None):
         self.model, self.args, self.tokenizer = model, args, tokenizer
         self.max_model_len = args.max_model_len or model.config.max_position_embeddings
-        device = next(model.parameters()).device
-        self.num_scheduler_steps = args.num_scheduler_steps or (
-            DEFAULT_CUDA_SCHEDULER_STEPS if device.type == "cuda" else 1
-        )
+        self.num_scheduler_steps = args.num_scheduler_steps or 1
         self.model_runner = ModelRunner(
             model,
             block_size=args.block_size,
