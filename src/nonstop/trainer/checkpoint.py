@@ -8,6 +8,10 @@ Layout (verl's names where verl has one):
     RUN_DIR/checkpoints/global_step_N/rng.safetensors        torch CPU / CUDA generator states
     RUN_DIR/checkpoints/global_step_N/trainer_state.json     step, scheduler, data-loader positions, counters, RNGs
 
+On several ranks (an FSDP2 model) `actor/` and `optimizer.safetensors` are replaced by `dcp/`, the sharded model and
+optimizer state of `torch.distributed.checkpoint` (dist/checkpoint.py), which loads on any number of ranks; rank 0
+writes everything else.
+
 A step directory is written under a temporary name and renamed into place, and the `latest` file is replaced
 atomically after that, so a crash mid-save leaves the previous checkpoint as the latest. Nothing is read back
 with `torch.load` (pickle): tensors are safetensors, the rest JSON.
@@ -28,6 +32,9 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from nonstop.dist import barrier, current
+from nonstop.dist.checkpoint import SHARDED_DIR, load_sharded, save_sharded
+from nonstop.dist.fsdp import is_sharded
 from nonstop.models.hf_loader import iter_safetensors, safetensors_files
 from nonstop.models.save import save_hf
 
@@ -76,15 +83,33 @@ def save_checkpoint(
     tokenizer: Any = None,
     keep: int | None = None,
 ) -> Path:
-    """Write step `state.step` atomically and make it the latest; then keep only the newest `keep` steps."""
-    root.mkdir(parents=True, exist_ok=True)
+    """Write step `state.step` atomically and make it the latest; then keep only the newest `keep` steps. A
+    collective when `model` is sharded: every rank calls it."""
+    rank_zero = current().rank == 0
     final = step_dir(root, state.step)
     tmp = root / f".tmp-{final.name}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_hf(model, tmp / "actor", tokenizer=tokenizer if hasattr(tokenizer, "save_pretrained") else None)
-    tensors, groups = _flatten_optimizer(optimizer)
-    save_file(tensors, tmp / "optimizer.safetensors")
+    if rank_zero:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    barrier()
+    groups = None
+    if is_sharded(model):
+        save_sharded(tmp / SHARDED_DIR, model, optimizer)
+        barrier()  # every shard written before rank 0 renames the directory
+    else:
+        save_hf(model, tmp / "actor", tokenizer=tokenizer if hasattr(tokenizer, "save_pretrained") else None)
+        tensors, groups = _flatten_optimizer(optimizer)
+        save_file(tensors, tmp / "optimizer.safetensors")
+    if rank_zero:
+        _commit(root, tmp, state, groups, keep)
+    barrier()
+    return final
+
+
+def _commit(root: Path, tmp: Path, state: TrainingState, groups: list[dict[str, Any]] | None, keep: int | None) -> None:
+    """Rank 0's part of a save: RNGs and trainer state into `tmp`, `tmp` renamed into place, `latest` updated."""
+    final = step_dir(root, state.step)
     save_file(_rng_tensors(), tmp / "rng.safetensors")
     trainer_state = {
         "step": state.step,
@@ -108,13 +133,31 @@ def save_checkpoint(
     shutil.rmtree(old, ignore_errors=True)
     if keep is not None:
         prune_checkpoints(root, keep, state.step)
-    return final
 
 
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> TrainingState:
     """Restore weights and optimizer in place and the global RNGs; returns the rest for the trainer to apply."""
     path = Path(path)
     trainer_state = json.loads((path / "trainer_state.json").read_text())
+    if (path / SHARDED_DIR).is_dir():
+        load_sharded(path / SHARDED_DIR, model, optimizer)
+    else:
+        _load_unsharded(path, model, optimizer, trainer_state)
+    _restore_rngs(load_file(path / "rng.safetensors"), trainer_state)
+    return TrainingState(
+        step=trainer_state["step"],
+        scheduler=trainer_state["scheduler"],
+        train_loader=trainer_state["train_loader"],
+        val_loader=trainer_state["val_loader"],
+        extra=trainer_state["extra"],
+    )
+
+
+def _load_unsharded(
+    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer_state: dict[str, Any]
+) -> None:
+    if is_sharded(model):
+        raise ValueError(f"checkpoint {path} was saved on one rank; resuming it on several is not supported yet")
     weights = dict(iter_safetensors(safetensors_files(path / "actor")))
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -123,14 +166,6 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
             param.copy_(weights[name])
     optimizer.load_state_dict(
         _unflatten_optimizer(load_file(path / "optimizer.safetensors"), trainer_state["optimizer_param_groups"])
-    )
-    _restore_rngs(load_file(path / "rng.safetensors"), trainer_state)
-    return TrainingState(
-        step=trainer_state["step"],
-        scheduler=trainer_state["scheduler"],
-        train_loader=trainer_state["train_loader"],
-        val_loader=trainer_state["val_loader"],
-        extra=trainer_state["extra"],
     )
 
 
