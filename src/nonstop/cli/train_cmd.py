@@ -49,19 +49,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def train(config) -> int:
-    from nonstop.dist import destroy_process_group, init_process_group
+    from nonstop.dist import current, destroy_process_group
     from nonstop.trainer import build_trainer
-    from nonstop.trainer.build import resolve_device
 
-    rank = init_process_group(resolve_device(config.trainer.device).type, config.actor_rollout_ref.nccl_timeout).rank
     try:
-        trainer = build_trainer(config)
+        trainer = build_trainer(config)  # joins torchrun's process group, if any
         try:
             history = trainer.fit()
         finally:
             trainer.close()
+        if current().rank == 0:
+            print(f"run directory: {trainer.run_dir} ({len(history)} metric lines)")
     finally:
         destroy_process_group()
-    if rank == 0:
-        print(f"run directory: {trainer.run_dir} ({len(history)} metric lines)")
     return 0

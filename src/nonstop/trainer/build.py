@@ -8,7 +8,7 @@ import torch
 
 from nonstop.config import NonstopConfig
 from nonstop.data import train_dataloader, val_dataloader
-from nonstop.dist import DistInfo, current
+from nonstop.dist import DistInfo, current, init_process_group
 from nonstop.dist.fsdp import shard_model
 from nonstop.models.loading import load_model
 from nonstop.models.tokenizer import load_tokenizer
@@ -78,10 +78,12 @@ def check_data_parallel(config: NonstopConfig, info: DistInfo) -> None:
 
 def build_trainer(config: NonstopConfig, console: bool = True) -> SyncTrainer:
     model_cfg, actor_cfg = config.actor_rollout_ref.model, config.actor_rollout_ref.actor
-    check_data_parallel(config, current())
+    device = resolve_device(config.trainer.device)
+    # Joins torchrun's ranks (a no-op without torchrun, or when the caller already did): `nonstop train` and the
+    # benchmarks alike then run data-parallel under torchrun.
+    check_data_parallel(config, init_process_group(device.type, config.actor_rollout_ref.nccl_timeout))
     if model_cfg.override_config:
         raise ValueError("actor_rollout_ref.model.override_config is not supported by the trainer yet")
-    device = resolve_device(config.trainer.device)
     torch.manual_seed(0 if config.data.seed is None else config.data.seed)
     model_dtype = torch_dtype(actor_cfg.fsdp_config.model_dtype)
     model, tokenizer = load_model(model_cfg.path, dtype=model_dtype, device=device)
