@@ -28,7 +28,7 @@ CASES = [
     (["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"], "sequence parallelism is not implemented"),
     (["actor_rollout_ref.rollout.name=trtllm"], "only 'nonstop', 'vllm', 'sglang', 'hf' accepted"),
     (["ray_kwargs.ray_init.num_cpus=8"], "nonstop runs under torchrun, not Ray"),
-    (["actor_rollout_ref.actor.fsdp_config.param_offload=True"], "CPU offload is not implemented"),
+    (["actor_rollout_ref.model.enable_activation_offload=True"], "use *.fsdp_config.param_offload"),
     (["actor_rollout_ref.model.lora_rank=32"], "LoRA is not implemented"),
     (["actor_rollout_ref.actor.ppo_micro_batch_size=8"], "set the per-GPU size instead"),
     (["actor_rollout_ref.actor.policy_loss.loss_mode=clip-cov"], "loss_mode='clip-cov': must be one of"),

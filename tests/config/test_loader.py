@@ -74,7 +74,8 @@ def test_verl_grpo_command_line(caplog):
     assert ar.rollout.log_prob_micro_batch_size_per_gpu == 40 and ar.ref.log_prob_micro_batch_size_per_gpu == 40
     notes = caplog.text
     assert "actor_rollout_ref.rollout.name='vllm' ignored: nonstop always generates with its own engine" in notes
-    assert "tensor_model_parallel_size=1 ignored" in notes and "param_offload=False ignored" in notes
+    assert "tensor_model_parallel_size=1 ignored" in notes
+    assert not ar.actor.fsdp_config.param_offload
 
 
 def test_verl_example_script_rejects_only_tensor_parallel():

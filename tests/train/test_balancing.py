@@ -12,6 +12,7 @@ from nonstop.train.balancing import (
     fixed_micro_batches,
     greedy_partition,
     karmarkar_karp,
+    split_to_count,
     token_budget_micro_batches,
 )
 
@@ -159,3 +160,13 @@ def test_balance_across_ranks_hand_case_and_errors():
         balance_across_ranks([1, 2, 3], 2, ["a", "b", "c"])
     with pytest.raises(ValueError, match="cannot be spread over 4 ranks"):
         balance_across_ranks([1, 2, 3], 4, equal_size=False)
+
+
+def test_split_to_count_halves_the_costliest_part_until_the_count_is_reached():
+    costs = [5, 1, 1, 1, 9, 2]
+    parts = split_to_count([[0, 1, 2, 3], [4, 5]], costs, 4)
+    # [4, 5] costs 11 > 8: halved first; then [0, 1, 2, 3] (8) is the costliest part with two items.
+    assert parts == [[0, 1], [2, 3], [4], [5]]
+    assert split_to_count(parts, costs, 4) == parts
+    with pytest.raises(ValueError, match="cannot split 6 samples into 7"):
+        split_to_count(parts, costs, 7)

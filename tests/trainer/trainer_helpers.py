@@ -9,6 +9,7 @@ import torch
 
 from nonstop.config import load_config
 from nonstop.data import PromptRow, TokenizedPrompt
+from nonstop.dist.fsdp import shard_model
 from nonstop.models import CausalLM, ModelConfig
 from nonstop.rewards import RewardPool
 from nonstop.rewards.reward_model import RewardModel
@@ -87,11 +88,13 @@ def make_trainer(
     engine_copy: bool = False,
     device: str = "cpu",
     reward_fn=seven_fraction,
+    shard: bool = False,
 ) -> SyncTrainer:
     """`engine_copy`: the engine gets its own copy of the weights (as on CUDA, and always in the overlap modes
     `trainer.mode=one_step_off|async`) instead of sharing the trainer's.
     `device="cuda"`: the production CUDA path (`build_engine`: a bf16 engine copy; bf16 autocast updates).
-    `reward_fn`: the scorer, `(data_source, solution_str, ground_truth, extra_info) -> float`."""
+    `reward_fn`: the scorer, `(data_source, solution_str, ground_truth, extra_info) -> float`.
+    `shard`: FSDP2 over the initialised process group, after the engine took its copy (as `build_trainer` does)."""
     config = load_config(
         None,
         (
@@ -125,6 +128,8 @@ def make_trainer(
             num_kv_blocks=64,
             seed=seed,
         )
+    if shard:
+        shard_model(model, config.actor_rollout_ref.actor.fsdp_config, torch.device(device), torch.float32)
     return TRAINERS[config.trainer.mode](
         config,
         model,

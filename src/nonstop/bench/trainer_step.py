@@ -405,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     from nonstop.bench.env import default_result_path, environment, write_result
     from nonstop.bench.shapes import model_config
+    from nonstop.dist import is_rank_zero
 
     model_cfg = model_config(args.shape)
     env = environment()
@@ -428,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     found = problems(result, args.response_len)
     for problem in found:
         print("PROBLEM:", problem)
-    if args.out:
+    if args.out and is_rank_zero():  # under torchrun every rank measured; rank 0 writes
         command = "nonstop bench trainer " + " ".join(argv or [])
         payload = {"environment": env, "command": command, "shape": args.shape, "workload": workload(args), **result}
         write_result(default_result_path("trainer") if args.out == "auto" else args.out, payload)

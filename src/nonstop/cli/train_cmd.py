@@ -34,13 +34,32 @@ def config_from_args(items: list[str]):
 
 
 def run(args: argparse.Namespace) -> int:
-    from nonstop.trainer import build_trainer
+    import torch
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    from nonstop.dist.launch import launch_local_ranks, needs_own_launch
+    from nonstop.trainer.build import resolve_device
 
     config = config_from_args(args.items)  # a ConfigError is a ValueError: the CLI prints it as one line
-    trainer = build_trainer(config)
+    device = resolve_device(config.trainer.device)
+    if needs_own_launch(config.trainer, device.type, torch.cuda.device_count()):
+        return launch_local_ranks(config.trainer.n_gpus_per_node, ["-m", "nonstop", "train", *args.items])
+    # `record` writes a rank's exception where torchrun's summary of the failed run finds and prints it.
+    return record(train)(config)
+
+
+def train(config) -> int:
+    from nonstop.dist import current, destroy_process_group
+    from nonstop.trainer import build_trainer
+
     try:
-        history = trainer.fit()
+        trainer = build_trainer(config)  # joins torchrun's process group, if any
+        try:
+            history = trainer.fit()
+        finally:
+            trainer.close()
+        if current().rank == 0:
+            print(f"run directory: {trainer.run_dir} ({len(history)} metric lines)")
     finally:
-        trainer.close()
-    print(f"run directory: {trainer.run_dir} ({len(history)} metric lines)")
+        destroy_process_group()
     return 0

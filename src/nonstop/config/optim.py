@@ -45,6 +45,11 @@ class OptimConfig:
 class FSDPConfig:
     fsdp_size: int = option(-1, "GPUs per FSDP shard group; -1 = all ranks")
     reshard_after_forward: bool = option(True, "Free gathered parameters after forward (FSDP2 `reshard_after_forward`)")
+    param_offload: bool = option(
+        False, "Keep sharded parameters, gradients and optimizer state in CPU memory (FSDP2 `CPUOffloadPolicy`)"
+    )
+    optimizer_offload: bool = option(False, "Move the optimizer state to CPU memory between optimizer steps")
+    forward_prefetch: bool = option(False, "All-gather the next decoder layer's parameters during this one's forward")
     model_dtype: str = option("fp32", "Dtype of the master parameters and optimizer state")
     dtype: str = option("bfloat16", "Compute dtype of forward and backward")
 

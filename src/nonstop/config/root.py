@@ -21,7 +21,7 @@ from .model import PolicyModelConfig
 from .profiler import GlobalProfilerConfig
 from .reward import CustomRewardFunctionConfig, RewardModelConfig
 from .rollout import RolloutConfig
-from .spec import section
+from .spec import option, section
 from .trainer import TrainerConfig
 
 
@@ -31,6 +31,12 @@ class ActorRolloutRefConfig:
     actor: ActorConfig = section(ActorConfig, "Policy update")
     rollout: RolloutConfig = section(RolloutConfig, "Generation")
     ref: RefConfig = section(RefConfig, "Reference policy (for the KL term)")
+    nccl_timeout: int = option(
+        600, "Seconds a collective may wait (NCCL on GPUs, gloo on CPU) before the run fails instead of hanging"
+    )
+
+    def __post_init__(self):
+        check(self.nccl_timeout >= 1, "nccl_timeout", self.nccl_timeout, "must be >= 1")
 
 
 @dataclass

@@ -24,7 +24,10 @@ class TrainerConfig:
     total_epochs: int = option(30, "Passes over data.train_files")
     total_training_steps: int | None = option(None, "Stop after this many steps; null = total_epochs worth")
     nnodes: int = option(1, "Nodes (torchrun --nnodes)")
-    n_gpus_per_node: int | None = option(None, "GPUs per node; null = all visible (one process on CPU)")
+    n_gpus_per_node: int | None = option(
+        None,
+        "GPUs (ranks) per node; > 1 outside torchrun launches them; null = torchrun's ranks, else 1",
+    )
     balance_batch: bool = option(True, "Balance tokens across data-parallel ranks")
     critic_warmup: int = option(0, "Steps training only the critic before the actor")
     logger: list[str] = option(

@@ -36,10 +36,11 @@ def _prefixes(key: str) -> list[str]:
 
 
 _NO_TP = "nonstop's engine holds a whole model per GPU; more GPUs give data-parallel rollout (trainer.n_gpus_per_node)"
-_FSDP = "nonstop trains with FSDP2 (fully_shard) on GPUs and plain torch on CPU; no other strategy exists"
+_FSDP = "nonstop trains with FSDP2 (fully_shard) across ranks (plain torch on one rank); no other strategy exists"
 _ULYSSES = "sequence parallelism is not implemented; lower actor_rollout_ref.actor.ppo_max_token_len_per_gpu instead"
 _OFFLOAD = (
-    "CPU offload is not implemented; use more GPUs, lower ppo_micro_batch_size_per_gpu or enable gradient checkpointing"
+    "use *.fsdp_config.param_offload / optimizer_offload, more GPUs, a lower ppo_micro_batch_size_per_gpu or gradient "
+    "checkpointing"
 )
 _PACKED = "nonstop always packs sequences without padding"
 _FUSED = "nonstop always computes log-probs and entropy from hidden states in chunks"
@@ -67,14 +68,9 @@ RULES: tuple[Unsupported, ...] = (
         "transfer_queue", "verl's TransferQueue is not used; trainer.mode selects the overlap", ({}, None, False)
     ),
     Unsupported("actor_rollout_ref.hybrid_engine", "the actor and the rollout engine always share one model", (True,)),
-    Unsupported("actor_rollout_ref.nccl_timeout", "torch.distributed's default timeout is used", ANY),
-    # FSDP details nonstop decides itself. The reference model only runs forward: its placement is nonstop's call.
-    Unsupported("actor_rollout_ref.ref.fsdp_config.param_offload", "the reference placement is chosen by nonstop", ANY),
-    Unsupported("*.fsdp_config.param_offload", _OFFLOAD, (False,)),
-    Unsupported("*.fsdp_config.optimizer_offload", _OFFLOAD, (False,)),
+    # FSDP details nonstop decides itself.
     Unsupported("*.fsdp_config.offload_policy", _OFFLOAD, (False,)),
     Unsupported("*.fsdp_config.wrap_policy", "FSDP2 shards each transformer block", ANY),
-    Unsupported("*.fsdp_config.forward_prefetch", "FSDP2 prefetching is chosen by nonstop", ANY),
     Unsupported("*.fsdp_config.use_orig_params", "FSDP2 always keeps original parameters", ANY),
     Unsupported("*.fsdp_config.seed", "set data.seed / actor_rollout_ref.actor.data_loader_seed", ANY),
     # Model features.

@@ -7,6 +7,7 @@ from nonstop.train.balancing import (
     fixed_micro_batches,
     greedy_partition,
     karmarkar_karp,
+    split_to_count,
     token_budget_micro_batches,
 )
 from nonstop.train.logprob import chunked_logprobs_and_entropy, full_logprobs_and_entropy
@@ -37,5 +38,6 @@ __all__ = [
     "prefix_grouped_micro_batches",
     "prefix_saved_fraction",
     "response_logprobs",
+    "split_to_count",
     "token_budget_micro_batches",
 ]

@@ -160,6 +160,22 @@ def fixed_micro_batches(n: int, micro_batch_size: int) -> list[list[int]]:
     return [list(range(s, min(s + micro_batch_size, n))) for s in range(0, n, micro_batch_size)]
 
 
+def split_to_count(parts: Sequence[Sequence[int]], costs: Sequence[int], count: int) -> list[list[int]]:
+    """`parts` split further until there are `count` of them: the costliest part with two or more items is halved
+    (its first half of items, in order, stays first) each time. What lets a rank with fewer micro-batches run as
+    many as the other ranks, so their FSDP collectives line up; results are unchanged, since micro-batch gradients
+    accumulate."""
+    out = [list(p) for p in parts]
+    while len(out) < count:
+        splittable = [i for i, p in enumerate(out) if len(p) > 1]
+        if not splittable:
+            raise ValueError(f"cannot split {sum(map(len, out))} samples into {count} micro-batches")
+        i = max(splittable, key=lambda i: (sum(costs[j] for j in out[i]), -i))
+        half = len(out[i]) // 2
+        out[i : i + 1] = [out[i][:half], out[i][half:]]
+    return out
+
+
 def balance_across_ranks(
     costs: Sequence[int],
     world_size: int,

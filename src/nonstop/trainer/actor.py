@@ -12,6 +12,11 @@ Prefix grouping (`use_prefix_grouper`, train/prefix_grouping.py): samples sharin
 `[prompt | r1 | … | rn]` group in every pass (update, old log-prob, reference), decided once per mini-batch (per
 batch for the log-prob passes); token-budget micro-batches then hold whole groups.
 
+Several ranks (FSDP2, dist/fsdp.py): every rank updates on its own share of the batch. The normalisers
+(`batch_num_tokens`, `global_batch_size`) are the mini-batch's over all ranks and FSDP averages the gradients of losses
+scaled by the world size, so the same global batch gives the same loss and gradient as one rank; every rank runs the
+same number of micro-batches (each forward and backward is a collective).
+
 Legend: B samples of the step, L padded response width of the step, b samples of one micro-batch, R response tokens.
 """
 
@@ -25,6 +30,10 @@ from torch import Tensor
 from nonstop.algos import agg_loss, get_policy_loss_fn, kl_penalty
 from nonstop.config.actor import PREFIX_GROUPER_AUTO_MIN_SAVED, ActorConfig
 from nonstop.config.algorithm import RolloutCorrectionConfig
+from nonstop.dist.collectives import all_reduce_max, all_reduce_sum_
+from nonstop.dist.fsdp import full_value
+from nonstop.dist.offload import optimizer_state_to
+from nonstop.dist.process_group import current
 from nonstop.kernels.dispatch import fused_kernels
 from nonstop.train import (
     fixed_micro_batches,
@@ -35,6 +44,7 @@ from nonstop.train import (
     prefix_grouped_micro_batches,
     prefix_saved_fraction,
     response_logprobs,
+    split_to_count,
     token_budget_micro_batches,
 )
 from nonstop.trainer.lr_schedule import lr_factor
@@ -79,7 +89,9 @@ class Actor:
     # -- batching ---------------------------------------------------------------------------------------------------
 
     def mini_batches(self, batch: RolloutBatch) -> list[list[int]]:
-        return mini_batches(batch, self.config.ppo_mini_batch_size * self.rollout_n)
+        """Contiguous runs of `ppo_mini_batch_size` prompts' samples (the last may be shorter); on several ranks each
+        holds its `1 / world_size` of every mini-batch (verl's normalisation of `ppo_mini_batch_size`)."""
+        return mini_batches(batch, max(1, self.config.ppo_mini_batch_size // current().world_size) * self.rollout_n)
 
     def needs_old_log_prob(self, batch: RolloutBatch) -> bool:
         return len(self.mini_batches(batch)) > 1 or self.config.ppo_epochs > 1
@@ -95,16 +107,24 @@ class Actor:
 
     def micro_batches(self, batch: RolloutBatch, rows: list[int], grouped: bool = False) -> list[list[int]]:
         """Index lists into `rows`' samples: by token budget (`use_dynamic_bsz`; whole prompt groups, each costing
-        its prompt once, when `grouped`) or by count."""
-        cfg = self.config
-        if grouped and cfg.use_dynamic_bsz:
-            prompts = [batch.samples[r].prompt_token_ids for r in rows]
-            budget = cfg.ppo_max_token_len_per_gpu
-            parts = prefix_grouped_micro_batches(prompts, [batch.response_lengths[r] for r in rows], budget)
-            return [[rows[i] for i in part] for part in parts]
-        return micro_batches(
-            batch, rows, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu, cfg.ppo_micro_batch_size_per_gpu
-        )
+        its prompt once, when `grouped`) or by count. Across ranks, every rank gets the largest rank's count."""
+        lengths = [batch.total_lengths[r] for r in rows]
+        if self.config.use_dynamic_bsz:
+            budget = self.config.ppo_max_token_len_per_gpu
+            if grouped:
+                prompts = [batch.samples[r].prompt_token_ids for r in rows]
+                parts = prefix_grouped_micro_batches(prompts, [batch.response_lengths[r] for r in rows], budget)
+            else:
+                parts = token_budget_micro_batches(lengths, budget)
+        else:
+            parts = fixed_micro_batches(len(rows), self.config.ppo_micro_batch_size_per_gpu or len(rows))
+        count = all_reduce_max(len(parts), self.device)
+        if count > len(parts):
+            if self.config.use_dynamic_bsz and not grouped:
+                parts = token_budget_micro_batches(lengths, budget, min_num_micro_batches=count)
+            else:
+                parts = split_to_count(parts, lengths, count)
+        return [[rows[i] for i in part] for part in parts]
 
     @staticmethod
     def _computed_tokens(batch: RolloutBatch, rows: list[int], grouped: bool) -> int:
@@ -181,6 +201,15 @@ class Actor:
         with fused_kernels(False), self._autocast():
             return response_logprobs(self.model, packed, temperature, self.chunk_size, compute_entropy=False)[0]
 
+    def _optimizer_step(self) -> None:
+        """`optimizer.step()`; with `fsdp_config.optimizer_offload` the state lives in CPU memory between steps."""
+        offload = self.config.fsdp_config.optimizer_offload and self.device.type == "cuda"
+        if offload:
+            optimizer_state_to(self.optimizer, self.device)
+        self.optimizer.step()
+        if offload:
+            optimizer_state_to(self.optimizer, torch.device("cpu"))
+
     # -- update -----------------------------------------------------------------------------------------------------
 
     def update(
@@ -241,7 +270,9 @@ class Actor:
         norm is not finite (then the gradients are dropped and the skip counted)."""
         cfg = self.config
         width = mask_BL.shape[1]
-        info = {"batch_num_tokens": mask_BL[mini].sum(), "global_batch_size": len(mini)}
+        world_size = current().world_size
+        counts = all_reduce_sum_(torch.stack([mask_BL[mini].sum(), torch.tensor(len(mini), device=self.device)]))
+        info = {"batch_num_tokens": counts[0], "global_batch_size": counts[1]}
         totals = {k: torch.zeros((), device=self.device) for k in ("loss", "pg_loss", "entropy", "clipfrac", "kl")}
         grouped = self.prefix_grouped(batch, mini)
         self._grouped_mini_batches.append(grouped)
@@ -277,17 +308,20 @@ class Actor:
                 loss = loss + cfg.kl_loss_coef * kl_loss
                 totals.setdefault("kl_loss", torch.zeros((), device=self.device))
                 totals["kl_loss"] += kl_loss.detach()
-            loss.backward()
+            (loss * world_size).backward()  # FSDP averages over ranks; the normalisers are global already
             share = mask_bL.sum() / info["batch_num_tokens"]  # token share, to turn micro means into a mini mean
             totals["loss"] += loss.detach()
             totals["pg_loss"] += pg_loss.detach()
             totals["entropy"] += (entropy_bL.detach() * mask_bL).sum() / info["batch_num_tokens"]
             totals["clipfrac"] += pg_metrics["actor/pg_clipfrac"] * share
             totals["kl"] += pg_metrics["actor/ppo_kl"] * share
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        # Each rank summed its share over the global normalisers: the sums are the mini-batch's values.
+        stacked = all_reduce_sum_(torch.stack(list(totals.values())))
+        totals = dict(zip(totals, stacked, strict=True))
+        grad_norm = full_value(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
         finite = bool(torch.isfinite(grad_norm) & torch.isfinite(totals["loss"]))  # one host sync per mini-batch
         if finite:
-            self.optimizer.step()
+            self._optimizer_step()
         else:
             self.skipped_steps += 1
         self.optimizer.zero_grad(set_to_none=True)

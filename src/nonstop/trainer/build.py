@@ -8,6 +8,8 @@ import torch
 
 from nonstop.config import NonstopConfig
 from nonstop.data import train_dataloader, val_dataloader
+from nonstop.dist import DistInfo, current, init_process_group
+from nonstop.dist.fsdp import shard_model
 from nonstop.models.critic_model import CriticModel, load_critic_model
 from nonstop.models.loading import load_model
 from nonstop.models.tokenizer import load_tokenizer
@@ -35,10 +37,11 @@ def resolve_device(name: str) -> torch.device:
 def build_engine(config: NonstopConfig, model: torch.nn.Module, tokenizer, device: torch.device) -> LLM:
     """On CUDA the engine holds a copy in `rollout.dtype` that `LLM.update_weights` refreshes after each step. On
     CPU, sync mode runs the trainer's fp32 model itself (no copy, no sync); the overlap modes need a copy there too
-    (an fp32 one), since the engine generates while the optimizer changes the trainer's weights."""
+    (an fp32 one), since the engine generates while the optimizer changes the trainer's weights; so do several ranks
+    (the trainer's parameters are FSDP shards, each rank's engine a whole model)."""
     rollout, data = config.actor_rollout_ref.rollout, config.data
     engine_model = model
-    if device.type == "cuda" or config.trainer.mode != "sync":
+    if device.type == "cuda" or config.trainer.mode != "sync" or current().distributed:
         dtype = torch_dtype(rollout.dtype) if device.type == "cuda" else next(model.parameters()).dtype
         engine_model = copy.deepcopy(model).to(dtype=dtype)
         engine_model.requires_grad_(False)
@@ -59,11 +62,34 @@ def build_engine(config: NonstopConfig, model: torch.nn.Module, tokenizer, devic
 TRAINERS = {"sync": SyncTrainer, "one_step_off": OneStepOffTrainer, "async": AsyncTrainer}
 
 
+def check_data_parallel(config: NonstopConfig, info: DistInfo) -> None:
+    """What several ranks need: the sync loop, and prompt counts that split evenly over the ranks."""
+    if not info.distributed:
+        return
+    if config.trainer.mode != "sync":
+        raise ValueError(f"trainer.mode={config.trainer.mode!r} runs on one rank only so far; use trainer.mode=sync")
+    if config.algorithm.filter_groups.enable:
+        raise ValueError("algorithm.filter_groups runs on one rank only so far")
+    if config.algorithm.adv_estimator == "gae" or config.critic.enable is True:
+        raise ValueError(
+            "a critic (algorithm.adv_estimator=gae) runs on one rank only so far: its update is not sharded yet"
+        )
+    for key, value in (
+        ("data.train_batch_size", config.data.train_batch_size),
+        ("actor_rollout_ref.actor.ppo_mini_batch_size", config.actor_rollout_ref.actor.ppo_mini_batch_size),
+    ):
+        if value % info.world_size:
+            raise ValueError(f"{key}={value} must be a multiple of the {info.world_size} ranks (whole prompts each)")
+
+
 def build_trainer(config: NonstopConfig, console: bool = True) -> SyncTrainer:
     model_cfg, actor_cfg = config.actor_rollout_ref.model, config.actor_rollout_ref.actor
+    device = resolve_device(config.trainer.device)
+    # Joins torchrun's ranks (a no-op without torchrun, or when the caller already did): `nonstop train` and the
+    # benchmarks alike then run data-parallel under torchrun.
+    check_data_parallel(config, init_process_group(device.type, config.actor_rollout_ref.nccl_timeout))
     if model_cfg.override_config:
         raise ValueError("actor_rollout_ref.model.override_config is not supported by the trainer yet")
-    device = resolve_device(config.trainer.device)
     torch.manual_seed(0 if config.data.seed is None else config.data.seed)
     model_dtype = torch_dtype(actor_cfg.fsdp_config.model_dtype)
     model, tokenizer = load_model(model_cfg.path, dtype=model_dtype, device=device)
@@ -77,6 +103,11 @@ def build_trainer(config: NonstopConfig, console: bool = True) -> SyncTrainer:
         ref_model = copy.deepcopy(model).requires_grad_(False).eval()
     critic_model = build_critic_model(config, model, device) if config.critic.enable else None
     llm = build_engine(config, model, tokenizer, device)
+    compute_dtype = torch_dtype(actor_cfg.fsdp_config.dtype)
+    if current().distributed:  # after the engine's copy: it holds the whole model
+        shard_model(model, actor_cfg.fsdp_config, device, compute_dtype)
+        if ref_model is not None:
+            shard_model(ref_model, config.actor_rollout_ref.ref.fsdp_config, device, compute_dtype)
     reward_model = RewardModel.from_config(config.reward_model, device) if config.reward_model.enable else None
     pool = RewardPool.from_config(config.reward_model, config.custom_reward_function)
     try:
@@ -89,7 +120,7 @@ def build_trainer(config: NonstopConfig, console: bool = True) -> SyncTrainer:
             pool,
             val_loader=val_dataloader(config.data, tokenizer),
             ref_model=ref_model,
-            compute_dtype=torch_dtype(actor_cfg.fsdp_config.dtype) if device.type == "cuda" else None,
+            compute_dtype=compute_dtype if device.type == "cuda" else None,
             console=console,
             reward_model=reward_model,
             critic_model=critic_model,

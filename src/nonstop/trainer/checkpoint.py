@@ -10,6 +10,10 @@ Layout (verl's names where verl has one):
     RUN_DIR/checkpoints/global_step_N/critic/                PPO only: the critic (`save_critic_model`) and its
                                                              AdamW moments, `critic/optimizer.safetensors`
 
+On several ranks (an FSDP2 model) `actor/` and `optimizer.safetensors` are replaced by `dcp/`, the sharded model and
+optimizer state of `torch.distributed.checkpoint` (dist/checkpoint.py), which loads on any number of ranks; rank 0
+writes everything else.
+
 A step directory is written under a temporary name and renamed into place, and the `latest` file is replaced
 atomically after that, so a crash mid-save leaves the previous checkpoint as the latest. Nothing is read back
 with `torch.load` (pickle): tensors are safetensors, the rest JSON.
@@ -30,6 +34,9 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from nonstop.dist import barrier, current
+from nonstop.dist.checkpoint import SHARDED_DIR, load_sharded, save_sharded
+from nonstop.dist.fsdp import is_sharded
 from nonstop.models.critic_model import CriticModel, save_critic_model
 from nonstop.models.hf_loader import iter_safetensors, safetensors_files
 from nonstop.models.save import save_hf
@@ -83,15 +90,42 @@ def save_checkpoint(
     critic_keep: int | None = None,
 ) -> Path:
     """Write step `state.step` atomically and make it the latest; then keep only the newest `keep` steps, and the
-    critic of only the newest `critic_keep` (`trainer.max_critic_ckpt_to_keep`)."""
-    root.mkdir(parents=True, exist_ok=True)
+    critic of only the newest `critic_keep` (`trainer.max_critic_ckpt_to_keep`). A collective when `model` is
+    sharded: every rank calls it (the critic is never sharded: rank 0 writes it)."""
+    rank_zero = current().rank == 0
     final = step_dir(root, state.step)
     tmp = root / f".tmp-{final.name}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_hf(model, tmp / "actor", tokenizer=tokenizer if hasattr(tokenizer, "save_pretrained") else None)
-    tensors, groups = _flatten_optimizer(optimizer)
-    save_file(tensors, tmp / "optimizer.safetensors")
+    if rank_zero:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    barrier()
+    groups = None
+    if is_sharded(model):
+        save_sharded(tmp / SHARDED_DIR, model, optimizer)
+        barrier()  # every shard written before rank 0 renames the directory
+    else:
+        save_hf(model, tmp / "actor", tokenizer=tokenizer if hasattr(tokenizer, "save_pretrained") else None)
+        tensors, groups = _flatten_optimizer(optimizer)
+        save_file(tensors, tmp / "optimizer.safetensors")
+    if rank_zero:
+        _commit(root, tmp, state, groups, keep, critic, critic_keep)
+    barrier()
+    return final
+
+
+def _commit(
+    root: Path,
+    tmp: Path,
+    state: TrainingState,
+    groups: list[dict[str, Any]] | None,
+    keep: int | None,
+    critic: tuple[CriticModel, torch.optim.Optimizer] | None,
+    critic_keep: int | None,
+) -> None:
+    """Rank 0's part of a save: the critic, RNGs and trainer state into `tmp`, `tmp` renamed into place, `latest`
+    updated, old steps pruned."""
+    final = step_dir(root, state.step)
     save_file(_rng_tensors(), tmp / "rng.safetensors")
     critic_groups = None
     if critic is not None:
@@ -124,7 +158,6 @@ def save_checkpoint(
         prune_checkpoints(root, keep, state.step)
     if critic is not None and critic_keep is not None:
         prune_checkpoints(root, critic_keep, state.step, part=CRITIC_DIR)
-    return final
 
 
 def load_checkpoint(
@@ -137,15 +170,10 @@ def load_checkpoint(
     trainer to apply."""
     path = Path(path)
     trainer_state = json.loads((path / "trainer_state.json").read_text())
-    weights = dict(iter_safetensors(safetensors_files(path / "actor")))
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name not in weights:
-                raise ValueError(f"checkpoint {path} has no tensor {name!r}; was it saved from another model?")
-            param.copy_(weights[name])
-    optimizer.load_state_dict(
-        _unflatten_optimizer(load_file(path / "optimizer.safetensors"), trainer_state["optimizer_param_groups"])
-    )
+    if (path / SHARDED_DIR).is_dir():
+        load_sharded(path / SHARDED_DIR, model, optimizer)
+    else:
+        _load_unsharded(path, model, optimizer, trainer_state)
     if critic is not None:
         _load_critic(path, trainer_state, *critic)
     _restore_rngs(load_file(path / "rng.safetensors"), trainer_state)
@@ -155,6 +183,22 @@ def load_checkpoint(
         train_loader=trainer_state["train_loader"],
         val_loader=trainer_state["val_loader"],
         extra=trainer_state["extra"],
+    )
+
+
+def _load_unsharded(
+    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer_state: dict[str, Any]
+) -> None:
+    if is_sharded(model):
+        raise ValueError(f"checkpoint {path} was saved on one rank; resuming it on several is not supported yet")
+    weights = dict(iter_safetensors(safetensors_files(path / "actor")))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name not in weights:
+                raise ValueError(f"checkpoint {path} has no tensor {name!r}; was it saved from another model?")
+            param.copy_(weights[name])
+    optimizer.load_state_dict(
+        _unflatten_optimizer(load_file(path / "optimizer.safetensors"), trainer_state["optimizer_param_groups"])
     )
 
 

@@ -12,6 +12,11 @@ Rewards are submitted to the pool as each prompt's samples finish, so scoring ov
 forward, when one is enabled). DAPO's overlong shaping is added to the training reward only: `val/*/score` stays
 the task's own score. With `algorithm.filter_groups.enable` a step generates until its batch is full
 (`trainer/dynamic_sampling.py`).
+
+Several ranks (dist/): each rank generates for its share of the prompts, the ranks then trade whole groups to
+balance tokens (`trainer.balance_batch`), the FSDP2 actor updates, and every rank gathers the full weights into its
+own engine. Metrics are reduced over ranks; rank 0 writes the run directory, rank r > 0 its profile and metrics to
+`RUN_DIR/rank_r/`.
 """
 
 from __future__ import annotations
@@ -28,6 +33,10 @@ from torch import Tensor
 from nonstop.algos import compute_advantage, outcome_token_rewards
 from nonstop.config import NonstopConfig, config_to_yaml
 from nonstop.data import TokenizedPrompt
+from nonstop.dist import current
+from nonstop.dist.collectives import all_gather_objects, reduce_metrics
+from nonstop.dist.data_parallel import balance_batch, rank_share
+from nonstop.dist.fsdp import full_named_parameters
 from nonstop.models.critic_model import CriticModel
 from nonstop.profiling import PhaseRecorder, RunProfiler
 from nonstop.rewards import RewardPool
@@ -129,9 +138,12 @@ class SyncTrainer:
         self.free_cache_engine = rollout.free_cache_engine and device.type == "cuda"
         self.run_dir = Path(config.trainer.default_local_dir)
         self.ckpt_root = checkpoint_root(self.run_dir)
-        self.log = MetricsLog(self.run_dir, console=console)
+        self.dist = current()
+        self.rank_zero = self.dist.rank == 0
+        rank_dir = self.run_dir if self.rank_zero else self.run_dir / f"rank_{self.dist.rank}"
+        self.log = MetricsLog(rank_dir, console=console and self.rank_zero)
         self.device = device
-        self.profiler = RunProfiler.from_config(config.global_profiler, self.run_dir, device)
+        self.profiler = RunProfiler.from_config(config.global_profiler, rank_dir, device)
         self.num_params = sum(p.numel() for p in model.parameters())
         self.nonfinite_streak = 0
         self.probe_prompts: list[list[int]] | None = None
@@ -144,12 +156,13 @@ class SyncTrainer:
         """Train up to `total_steps` (continuing from a checkpoint per `trainer.resume_mode`); returns the metrics of
         the steps run by this call (all steps are in `RUN_DIR/metrics.jsonl`)."""
         trainer_cfg = self.config.trainer
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(config_to_yaml(self.config))
+        self.log.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.rank_zero:
+            (self.run_dir / "config.yaml").write_text(config_to_yaml(self.config))
         resumed = self.resume()
         start = resumed or 0
         self.log.sinks = build_sinks(
-            trainer_cfg.logger,
+            trainer_cfg.logger if self.rank_zero else [],
             self.run_dir,
             trainer_cfg.project_name,
             trainer_cfg.experiment_name,
@@ -177,7 +190,8 @@ class SyncTrainer:
         finally:
             self.log.close()
             self.profiler.close()
-        plot_curves(self.run_dir)
+        if self.rank_zero:
+            plot_curves(self.run_dir)
         return history
 
     def step(self, step: int) -> dict[str, float]:
@@ -195,6 +209,7 @@ class SyncTrainer:
                 with rec("checkpoint"):
                     self.save(step)
         metrics.update(self.profiler.last.metrics)
+        metrics = reduce_metrics(metrics)
         metrics.setdefault("timing_s/old_log_prob", 0.0)
         metrics.setdefault("timing_s/ref", 0.0)
         metrics.setdefault("timing_s/update_actor", 0.0)  # critic warm-up steps
@@ -210,6 +225,9 @@ class SyncTrainer:
         time is known."""
         cfg = self.config
         batch, scores_B, extra = self._rollout(step, rec)
+        if cfg.trainer.balance_batch and self.dist.distributed:
+            with rec("balance"):
+                batch, scores_B = balance_batch(batch, scores_B, self.dist)
         tokens = sum(batch.total_lengths)
         mask_BL = batch.response_mask()
         ref_log_prob_BL = None
@@ -274,14 +292,16 @@ class SyncTrainer:
         metrics: dict[str, float] = {}
         while True:
             with rec("data"):
-                prompts = self.train_loader.next_batch()
+                first, prompts = rank_share(self.train_loader.next_batch(), self.dist)
             if self.probe_prompts is None:
                 self.probe_prompts = [list(p.prompt_token_ids) for p in prompts[:PROBE_PROMPTS]]
             rounds = collector.num_gen_batches
             prefix = f"train-{step}" if rounds == 0 else f"train-{step}-gen{rounds}"
             with rec("gen") as span:
                 probe = metrics if rounds == 0 else None
-                batch = self._generate(prompts, self.sampling_params, step, prefix, probe, rounds * len(prompts))
+                batch = self._generate(
+                    prompts, self.sampling_params, step, prefix, probe, rounds * len(prompts) + first
+                )
                 span.tokens = sum(batch.total_lengths)
             metrics.update(self.llm.metrics)  # before anything else generates; the last round's under filtering
             with rec("reward"):
@@ -342,14 +362,19 @@ class SyncTrainer:
         values: dict[tuple[str, str], list[float]] = {}
         for i in range(len(self.val_loader)):
             prefix = f"val-{step}-{i}"
-            batch = self._generate(self.val_loader.next_batch(), self.val_sampling_params, step, prefix)
+            first, prompts = rank_share(self.val_loader.next_batch(), self.dist, even=False)
+            batch = self._generate(prompts, self.val_sampling_params, step, prefix, first_index=first)
             scores_B, extras = self._collect_scores(batch, prefix)
             for sample, score, extra in zip(batch.samples, scores_B.tolist(), extras, strict=True):
                 numeric = {k: v for k, v in extra.items() if isinstance(v, int | float) and k != "score"}
                 for key, value in {"score": score, **numeric}.items():
                     values.setdefault((sample.data_source, key), []).append(float(value))
         self.reward_pool.pop_metrics()  # validation scoring is not the step's reward work
-        return {f"val/{source}/{key}": sum(v) / len(v) for (source, key), v in sorted(values.items())}
+        merged: dict[tuple[str, str], list[float]] = {}
+        for per_rank in all_gather_objects(values):  # each rank validated its share of every batch
+            for key, scores in per_rank.items():
+                merged.setdefault(key, []).extend(scores)
+        return {f"val/{source}/{key}": sum(v) / len(v) for (source, key), v in sorted(merged.items())}
 
     def close(self) -> None:
         self.log.close()
@@ -417,7 +442,8 @@ class SyncTrainer:
         self.nonfinite_streak = state.extra["nonfinite_streak"]
         self.probe_prompts = state.extra["probe_prompts"]
         self._sync_weights()
-        print(f"resumed from {path} (step {state.step})", flush=True)
+        if self.rank_zero:
+            print(f"resumed from {path} (step {state.step})", flush=True)
         return state.step
 
     def _check_nonfinite(self, step: int, metrics: dict[str, float]) -> None:
@@ -505,7 +531,7 @@ class SyncTrainer:
         if self.shares_weights:
             self.llm.reset_prefix_cache()  # same tensors: only KV cached under the old weights is stale
         else:
-            self.llm.update_weights(self.model.named_parameters())
+            self.llm.update_weights(full_named_parameters(self.model))  # one parameter gathered at a time
 
 
 def sampling_params(section: Any, max_tokens: int, ignore_eos: bool = False) -> SamplingParams:

@@ -1,0 +1,28 @@
+"""Sharded checkpoints of an FSDP2 model and its optimizer with `torch.distributed.checkpoint` (DCP): every rank
+writes its own shards, and DCP reshards on load, so a run saved on N ranks resumes on M (one included: DCP then
+loads into the plain model without a process group)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+SHARDED_DIR = "dcp"
+
+
+def save_sharded(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """A collective: every rank calls it with the same `path` (on a file system all ranks see)."""
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(path))
+
+
+def load_sharded(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Load in place into `model` (sharded or not) and `optimizer`; parameter names are the unsharded model's, so
+    any rank count matches."""
+    model_sd, optim_sd = get_state_dict(model, optimizer)  # also creates the optimizer state DCP fills
+    state = {"model": model_sd, "optimizer": optim_sd}
+    dcp.load(state, checkpoint_id=str(path))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])

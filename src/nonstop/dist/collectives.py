@@ -1,0 +1,57 @@
+"""The few collectives the trainer needs, each a no-op for a single rank so callers need no `if distributed`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from nonstop.dist.process_group import current
+
+
+def all_reduce_sum_(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum `tensor` over ranks in place (it must live on the rank's device: CUDA under NCCL, CPU under gloo)."""
+    if current().distributed:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def all_reduce_max(value: int, device: torch.device) -> int:
+    if not current().distributed:
+        return value
+    tensor = torch.tensor(value, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
+def all_gather_objects(obj: Any) -> list[Any]:
+    """Every rank's `obj` (picklable), in rank order."""
+    info = current()
+    if not info.distributed:
+        return [obj]
+    gathered: list[Any] = [None] * info.world_size
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """One metrics dict for the whole run from every rank's: `*/max` the maximum, `*/min` the minimum,
+    `perf/total_num_tokens` the sum, anything else the mean over the ranks that report it (ranks hold equal
+    numbers of samples, so a mean of per-rank sample means is the global sample mean)."""
+    per_rank = all_gather_objects(metrics)
+    if len(per_rank) == 1:
+        return metrics
+    keys = sorted({k for m in per_rank for k in m})
+    out = {}
+    for key in keys:
+        values = [m[key] for m in per_rank if key in m]
+        if key.endswith("/max"):
+            out[key] = max(values)
+        elif key.endswith("/min"):
+            out[key] = min(values)
+        elif key == "perf/total_num_tokens":
+            out[key] = sum(values)
+        else:
+            out[key] = sum(values) / len(values)
+    return out

@@ -1,0 +1,43 @@
+"""Data-parallel rollout: each rank generates for its share of the step's prompts with its own engine, and before
+training the ranks trade whole GRPO groups so every rank trains on about the same number of tokens (Karmarkar–Karp,
+`balance_across_ranks`). A group never straddles ranks, so group-relative advantages stay rank-local."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TypeVar
+
+import torch
+
+from nonstop.dist.collectives import all_gather_objects
+from nonstop.dist.process_group import DistInfo
+from nonstop.train import balance_across_ranks
+from nonstop.trainer.rollout_batch import RolloutBatch
+
+T = TypeVar("T")
+
+
+def rank_share(items: Sequence[T], info: DistInfo, even: bool = True) -> tuple[int, list[T]]:
+    """This rank's contiguous share of `items` and the index of its first item. `even`: shares must be equal (the
+    training batch; an error otherwise); else the first `len % world_size` ranks take one more (validation)."""
+    n, world = len(items), info.world_size
+    if even and n % world:
+        raise ValueError(f"{n} prompts cannot be split evenly over {world} ranks")
+    base, extra = divmod(n, world)
+    start = info.rank * base + min(info.rank, extra)
+    stop = start + base + (info.rank < extra)
+    return start, list(items[start:stop])
+
+
+def balance_batch(batch: RolloutBatch, scores_B: torch.Tensor, info: DistInfo) -> tuple[RolloutBatch, torch.Tensor]:
+    """Every rank's samples and scores gathered, then re-split by token count with whole groups (same uid) per
+    rank and the same number of groups on each; returns this rank's part, groups in their gathered order."""
+    if not info.distributed:
+        return batch, scores_B
+    gathered = all_gather_objects((batch.samples, scores_B.tolist()))
+    samples = [s for part, _ in gathered for s in part]
+    scores = [x for _, part in gathered for x in part]
+    costs = [len(s.prompt_token_ids) + len(s.response_token_ids) for s in samples]
+    rows = balance_across_ranks(costs, info.world_size, group_ids=[s.uid for s in samples])[info.rank]
+    local = RolloutBatch([samples[i] for i in rows], batch.max_response_length)
+    return local, torch.tensor([scores[i] for i in rows], dtype=scores_B.dtype)

@@ -1,0 +1,15 @@
+"""`fsdp_config.optimizer_offload`: the AdamW moments wait in CPU memory between optimizer steps (verl's
+`offload_fsdp_optimizer` / `load_fsdp_optimizer`), freeing their GPU memory for generation and activations."""
+
+from __future__ import annotations
+
+import torch
+
+
+def optimizer_state_to(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Move every tensor of the optimizer state to `device` in place (sharded DTensors keep their sharding). The
+    step counters stay where AdamW put them (CPU scalars unless `capturable`)."""
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if torch.is_tensor(value) and key != "step":
+                state[key] = value.to(device, non_blocking=True)
