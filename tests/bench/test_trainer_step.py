@@ -6,24 +6,13 @@ from __future__ import annotations
 import pytest
 
 from nonstop.bench import trainer_step
+from nonstop.bench.shapes import tiny_config
 from nonstop.config import load_config
 from nonstop.data import train_dataloader
-from nonstop.models.config import ModelConfig
 from nonstop.models.tokenizer import load_tokenizer
 from nonstop.rewards.custom import load_custom_reward_fn
 
-TINY = ModelConfig(
-    model_type="qwen2",
-    vocab_size=128,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=16,
-    tie_word_embeddings=True,
-    attention_bias=True,
-)
+TINY = tiny_config(vocab_size=128, tie_word_embeddings=True, attention_bias=True)
 TINY_ARGS = ["--prompts", "2", "--n", "2", "--prompt-len", "5", "--response-len", "6", "--warmup", "1", "--steps", "1"]
 
 

@@ -17,19 +17,10 @@ import time
 
 import torch
 
-from nonstop.models import CausalLM, ModelConfig
+from nonstop.bench.shapes import tiny_config
+from nonstop.models import CausalLM
 
-TINY = dict(
-    model_type="qwen2",
-    vocab_size=512,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=16,
-    max_position_embeddings=4096,
-)
+TINY = tiny_config(vocab_size=512)
 
 
 class DeviceTimer:
@@ -76,7 +67,7 @@ def host_time_per_step(num_seqs: int, num_scheduler_steps: int, steps: int = 32,
     paged_attention.paged_decode_attention = lambda q_NHE, *args: q_NHE
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    model = CausalLM(ModelConfig(**TINY)).init_weights().eval()
+    model = CausalLM(TINY).init_weights().eval()
     max_tokens = 4 + (repeats + 1) * steps + num_scheduler_steps * 4
     args = EngineArgs(
         max_num_seqs=num_seqs,
@@ -89,7 +80,7 @@ def host_time_per_step(num_seqs: int, num_scheduler_steps: int, steps: int = 32,
     try:
         g = torch.Generator().manual_seed(0)
         for i in range(num_seqs):
-            prompt = torch.randint(0, TINY["vocab_size"], (16,), generator=g).tolist()
+            prompt = torch.randint(0, TINY.vocab_size, (16,), generator=g).tolist()
             engine.add_request(str(i), prompt, SamplingParams(temperature=1.0, max_tokens=max_tokens, ignore_eos=True))
         while engine.scheduler.waiting or any(
             s.num_cached_tokens < s.num_prompt_tokens for s in engine.scheduler.running

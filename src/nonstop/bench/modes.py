@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from nonstop.bench.env import default_result_path, environment, write_result
-from nonstop.bench.shapes import model_config
+from nonstop.bench.shapes import model_config, tiny_config
 from nonstop.bench.trainer_step import (
     prompt_texts,
     run_nonstop,
@@ -34,21 +34,10 @@ from nonstop.bench.trainer_step import (
     write_reward_fn,
     write_tokenizer_dir,
 )
-from nonstop.models.config import ModelConfig
 from nonstop.trainer.build import resolve_device
 
 MODES = ("sync", "one_step_off", "async")
-TINY = ModelConfig(
-    model_type="llama",
-    vocab_size=64,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=16,
-    max_position_embeddings=512,
-)
+TINY = tiny_config(model_type="llama", vocab_size=64, max_position_embeddings=512)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -25,22 +25,20 @@ import time
 import torch
 
 from nonstop.bench.env import default_result_path, environment, write_result
-from nonstop.bench.shapes import SHAPES, model_config
+from nonstop.bench.shapes import SHAPES, model_config, tiny_config
 from nonstop.config import load_config
 from nonstop.models import CausalLM, ModelConfig
 
 DEFAULT_MODELS = ["qwen2.5-1.5b", "qwen3-1.7b"]
 SIDES = ("ungrouped", "grouped")
 PASSES = ("old_log_prob", "update_actor")
-TINY = ModelConfig(
+TINY = tiny_config(
     model_type="qwen3",
-    vocab_size=256,
     hidden_size=64,
     intermediate_size=128,
     num_hidden_layers=2,
     num_attention_heads=4,
     num_key_value_heads=2,
-    head_dim=16,
     qk_norm=True,
     tie_word_embeddings=True,
 )

@@ -87,3 +87,20 @@ def hf_config_dict(name: str) -> dict:
 
 def model_config(name: str) -> ModelConfig:
     return ModelConfig.from_hf(hf_config_dict(name))
+
+
+def tiny_config(**overrides) -> ModelConfig:
+    """A one-layer model that runs a benchmark's code path on CPU in seconds (tests, `--model tiny`); its timings
+    mean nothing. `overrides`: any `ModelConfig` field (model_type, vocab_size, layers...)."""
+    fields = dict(
+        model_type="qwen2",
+        vocab_size=256,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=4096,
+    )
+    return ModelConfig(**{**fields, **overrides})
