@@ -28,6 +28,7 @@ from torch import Tensor
 from nonstop.algos import compute_advantage, outcome_token_rewards
 from nonstop.config import NonstopConfig, config_to_yaml
 from nonstop.data import TokenizedPrompt
+from nonstop.models.lora import engine_weights
 from nonstop.profiling import PhaseRecorder, RunProfiler
 from nonstop.rewards import RewardPool
 from nonstop.rewards.overlong import overlong_penalties
@@ -451,7 +452,7 @@ class SyncTrainer:
         if self.shares_weights:
             self.llm.reset_prefix_cache()  # same tensors: only KV cached under the old weights is stale
         else:
-            self.llm.update_weights(self.model.named_parameters())
+            self.llm.update_weights(engine_weights(self.model))  # merged W + (alpha / r) B A under LoRA
 
 
 def sampling_params(section: Any, max_tokens: int, ignore_eos: bool = False) -> SamplingParams:
