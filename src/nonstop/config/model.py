@@ -22,7 +22,9 @@ class PolicyModelConfig:
     enable_gradient_checkpointing: bool = option(True, "Recompute activations in the backward pass to save memory")
     lora_rank: int = option(0, "LoRA rank r; > 0 trains only low-rank adapters on frozen weights, 0 = all weights")
     lora_alpha: float = option(16, "LoRA scaling numerator: the adapter output is scaled by lora_alpha / lora_rank")
-    lora_dropout: float = option(0.0, "Dropout on the input of the LoRA path during updates (PEFT's lora_dropout)")
+    lora_dropout: float = option(
+        0.0, "(nonstop) Dropout on the input of the LoRA path during updates (PEFT's lora_dropout; verl has none)"
+    )
     target_modules: str | list[str] = option(
         ALL_LINEAR,
         "Linear layers that get adapters: all-linear (every projection, not lm_head) or a list of names "
