@@ -160,3 +160,17 @@ def test_applying_twice_is_an_error():
     model = with_lora(tiny())
     with pytest.raises(ValueError, match="already has LoRA"):
         apply_lora(model, LoraConfig(2, 4.0, 0.0, ["model.layers.0.self_attn.q_proj"]))
+
+
+def test_gradient_checkpointing_replays_the_same_dropout_mask():
+    model = with_lora(tiny(), dropout=0.3).train()
+    grads = []
+    for checkpointing in (False, True):
+        model.gradient_checkpointing = checkpointing
+        model.zero_grad()
+        torch.manual_seed(0)
+        logits(model, packed_inputs()).logsumexp(-1).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert len(grads[0]) == 2 * 7 * 2
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, atol=0, rtol=0)

@@ -64,8 +64,11 @@ class LoraLinear(nn.Linear):
         out = F.linear(x, self.weight, self.bias)
         if not self.adapters_enabled:
             return out
-        # Under autocast both GEMMs run in the autocast dtype; without it a bf16 base meets fp32 adapters here.
-        lora = self.lora_B(self.lora_A(self.lora_dropout(x.to(self.lora_A.weight.dtype))))
+        # Under autocast both GEMMs run in the autocast dtype as they are; without it a bf16 base's activations meet
+        # the fp32 adapters, so they are cast (only then: a cast under autocast would be an extra pass over x).
+        if not torch.is_autocast_enabled(x.device.type):
+            x = x.to(self.lora_A.weight.dtype)
+        lora = self.lora_B(self.lora_A(self.lora_dropout(x)))
         return out + (lora * self.scaling).to(out.dtype)
 
     def delta_weight(self) -> Tensor:
