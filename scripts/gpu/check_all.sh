@@ -14,7 +14,7 @@ step() { local name=$1 limit=$2; shift 2
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
   tail -n 25 "$OUT/$name.log"; echo "=== $name rc=$rc $((SECONDS - t0))s"; }
 step pytest_gpu "${PYTEST_LIMIT:-240}" python3 -m pytest -q -p no:cacheprovider -m gpu tests
-step pytest_sel "${PYTEST_LIMIT:-240}" python3 -m pytest -q -p no:cacheprovider -m gpu ${PYTEST_ARGS:-tests}
+step pytest_sel "${PYTEST_LIMIT:-240}" python3 -m pytest -v --tb=short -p no:cacheprovider -m gpu ${PYTEST_ARGS:-tests}
 step bf16_probe 90 python3 scripts/gpu/bf16_parity_probe.py
 step bench_decode 150 python3 -m nonstop bench decode-attention --out "$OUT/decode_attention.json"
 step bench_rollout "${ROLLOUT_LIMIT:-300}" python3 -m nonstop bench rollout \
@@ -23,3 +23,7 @@ step bench_trainer "${TRAINER_LIMIT:-300}" python3 -m nonstop bench trainer ${TR
 step bench_trainer_nonstop "${TRAINER_LIMIT:-300}" python3 -m nonstop bench trainer --sides nonstop ${TRAINER_NONSTOP_ARGS:-} \
   --out "$OUT/trainer_nonstop.json"
 step bench_phases 120 python3 -m nonstop bench phases --out "$OUT/phases.json"
+step bench_phases_real 120 python3 -m nonstop bench phases --work-us 50000 --repeats 20 --warmup 3 \
+  --out "$OUT/phases_real.json"
+step bench_prefix "${PREFIX_LIMIT:-200}" python3 -m nonstop bench prefix ${PREFIX_ARGS:-} --out "$OUT/prefix.json"
+step bench_modes "${MODES_LIMIT:-200}" python3 -m nonstop bench modes ${MODES_ARGS:-} --out "$OUT/modes.json"

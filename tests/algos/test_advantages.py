@@ -170,3 +170,76 @@ def test_compute_advantage_reports_missing_inputs_and_unknown_names():
         compute_advantage("gae", token_level_rewards=torch.zeros(1, 2), response_mask=torch.ones(1, 2))
     with pytest.raises(ValueError, match="unknown advantage estimator"):
         get_adv_estimator("dr_grpo")
+
+
+def outcome(name, scores, index, mask, **kw):
+    rewards = outcome_token_rewards(torch.tensor(scores, dtype=torch.float32), mask)
+    return compute_advantage(name, token_level_rewards=rewards, response_mask=mask, index=index, **kw)
+
+
+def test_opo_length_weighted_baseline_hand_computed():
+    # group p: scores [1, 0, 1], lengths [2, 1, 3] -> baseline (2*1 + 1*0 + 3*1) / 6 = 5/6
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0]])
+    adv, returns = outcome("opo", [1.0, 0.0, 1.0, 0.7], ["p", "p", "p", "q"], mask)
+    a, b = 1 - 5 / 6, -5 / 6
+    expected = torch.tensor([[a, a, 0.0], [b, 0.0, 0.0], [a, a, a], [0.7, 0.7, 0.0]])  # q alone: baseline 0
+    assert_close(adv, expected, **TOL)
+    assert_close(returns, adv)
+
+
+def test_opo_equal_lengths_is_the_group_mean_baseline():
+    mask = torch.ones(4, 3)
+    scores = [0.3, 1.0, 0.0, 0.5]
+    adv, _ = outcome("opo", scores, [0, 0, 1, 1], mask)
+    assert_close(adv[:, 0], torch.tensor([0.3 - 0.65, 1.0 - 0.65, -0.25, 0.25]), **TOL)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_opo_matches_the_paper_baseline_on_random_groups(seed):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 7, (12,), generator=g)
+    mask = (torch.arange(6) < lengths[:, None]).float()
+    scores = torch.rand(12, generator=g)
+    index = torch.randint(0, 3, (12,), generator=g).tolist()
+    adv, _ = outcome("opo", scores.tolist(), index, mask)
+    for i in range(12):
+        members = [j for j in range(12) if index[j] == index[i]]
+        w = lengths[members].float()
+        baseline = (w * scores[members]).sum() / w.sum() if len(members) > 1 else 0.0
+        assert_close(adv[i, : lengths[i]], (scores[i] - baseline).expand(int(lengths[i])), **TOL)
+
+
+def test_grpo_passk_only_the_best_sample_gets_its_margin():
+    mask = torch.ones(7, 2)
+    scores = [0.2, 0.9, 0.5, 1.0, 0.0, 0.0, 0.0]
+    index = ["a", "a", "a", "b", "b", "c", "c"]
+    adv, returns = outcome("grpo_passk", scores, index, mask, norm_adv_by_std_in_grpo=False)
+    assert_close(adv[:, 0], torch.tensor([0.0, 0.4, 0.0, 1.0, 0.0, 0.0, 0.0]), **TOL)
+    assert_close(returns, adv)
+    adv, _ = outcome("grpo_passk", scores, index, mask)
+    std_a, std_b = float(np.std([0.2, 0.9, 0.5], ddof=1)), float(np.std([1.0, 0.0], ddof=1))
+    expected = [0.0, 0.4 / (std_a + 1e-6), 0.0, 1.0 / (std_b + 1e-6), 0.0, 0.0, 0.0]
+    assert_close(adv[:, 0], torch.tensor(expected), **TOL)
+
+
+def test_grpo_passk_tie_for_best_gives_zero_and_needs_two_samples():
+    adv, _ = outcome("grpo_passk", [1.0, 0.0, 1.0], [0, 0, 0], torch.ones(3, 2))
+    assert_close(adv, torch.zeros(3, 2))
+    with pytest.raises(ValueError, match=">= 2 samples"):
+        outcome("grpo_passk", [1.0, 0.0, 1.0], [0, 0, 1], torch.ones(3, 2))
+
+
+def test_gae_gamma_lam_against_the_recursive_definition():
+    g = torch.Generator().manual_seed(0)
+    rewards, values = torch.rand(2, 5, generator=g), torch.rand(2, 5, generator=g)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    gamma, lam = 0.95, 0.7
+    _, returns = compute_advantage(
+        "gae", token_level_rewards=rewards, values=values, response_mask=mask, gamma=gamma, lam=lam
+    )
+    for b in range(2):
+        n = int(mask[b].sum())
+        v = values[b, :n].tolist() + [0.0]
+        deltas = [rewards[b, t].item() + gamma * v[t + 1] - v[t] for t in range(n)]
+        gae = [sum((gamma * lam) ** (k - t) * deltas[k] for k in range(t, n)) for t in range(n)]
+        assert_close(returns[b, :n], torch.tensor(gae) + values[b, :n], **TOL)

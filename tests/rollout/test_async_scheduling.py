@@ -88,7 +88,10 @@ def test_async_equals_sync_greedy_in_every_family(tiny_pair):
     assert_same(samples(LLM(model, **kwargs).generate(prompts, params)), sync)
 
 
-def test_abort_mid_run_then_continue_equals_an_uninterrupted_sync_run(model):
+# k = 4 (multi-step decode): the abort lands between launches, so the partial samples are those k = 1 has after as
+# many decode steps as were launched — each a prefix of the uninterrupted sample, and continuing them gives it whole.
+@pytest.mark.parametrize("num_scheduler_steps", [1, 4])
+def test_abort_mid_run_then_continue_equals_an_uninterrupted_sync_run(model, num_scheduler_steps):
     prompts, params = prompts_and_params()
     full = samples(LLM(model, block_size=4, async_scheduling=False).generate(prompts, params))
     offsets = [0]
@@ -96,13 +99,14 @@ def test_abort_mid_run_then_continue_equals_an_uninterrupted_sync_run(model):
         offsets.append(offsets[-1] + p.n)
     expected = {(str(i), j): full[offsets[i] + j] for i, p in enumerate(params) for j in range(p.n)}
 
-    engine = LLMEngine(model, EngineArgs(block_size=4))
+    engine = LLMEngine(model, EngineArgs(block_size=4, num_scheduler_steps=num_scheduler_steps))
     for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
         engine.add_request(str(i), prompt, p)
     done = {}
-    for _ in range(7):
+    for _ in range(7 if num_scheduler_steps == 1 else 3):
         done.update({o.request_id: o for o in engine.step()})
     assert engine.in_flight is not None  # the abort lands while a step is in flight
+    assert (engine.stats.num_decode_steps > engine.stats.num_steps) == (num_scheduler_steps > 1)
     aborted = ["2", "5", "6", "7"]
     partial = engine.abort_request(aborted)
     assert [o.request_id for o in partial] == aborted

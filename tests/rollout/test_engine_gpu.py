@@ -205,3 +205,55 @@ def test_async_decode_launch_never_waits_for_the_device():
     got = llm.generate(random_prompts(LENGTHS, vocab=MEDIUM["vocab_size"]), params)
     assert len(checked) > 20
     assert all(len(o.outputs[0].token_ids) == 32 for o in got)
+
+
+@pytest.mark.gpu
+def test_multi_step_cuda_graphs_equal_eager_single_step_in_bf16():
+    # k = 8 decode steps per launch, replayed from the graphs with inputs advanced on the device, against the plain
+    # eager engine one step per launch: greedy and seeded sampling, stops inside a launch, min_tokens, n > 1.
+    _, model = cuda_model()
+    prompts = random_prompts(LENGTHS, vocab=MEDIUM["vocab_size"])
+    params = [
+        SamplingParams(temperature=0.0 if i % 2 else 1.0, max_tokens=5 + 7 * i, min_tokens=2 * (i % 3),
+                       stop_token_ids=[7, 19], n=2 if i % 4 == 0 else 1, seed=i)
+        for i in range(len(prompts))
+    ]  # fmt: skip
+    eager = LLM(model, enforce_eager=True, num_scheduler_steps=1, num_kv_blocks=256, max_num_seqs=40)
+    expected = [c for o in eager.generate(prompts, params) for c in o.outputs]
+    llm = LLM(model, num_scheduler_steps=8, num_kv_blocks=256, max_num_seqs=40)
+    got = [c for o in llm.generate(prompts, params) for c in o.outputs]
+    assert llm.llm_engine.model_runner.graphs.graphs
+    assert llm.stats.num_decode_steps > 2 * llm.stats.num_steps  # most decode steps ran chained
+    assert [c.token_ids for c in got] == [c.token_ids for c in expected]
+    assert [c.finish_reason for c in got] == [c.finish_reason for c in expected]
+    assert "stop" in {c.finish_reason for c in got}
+    for g, e in zip(got, expected, strict=True):
+        assert g.logprobs == pytest.approx(e.logprobs, abs=2e-2)
+
+
+@pytest.mark.gpu
+def test_multi_step_launch_never_waits_for_the_device():
+    # The k steps of a launch are queued back to back: no host sync anywhere in the launch (CUDA's sync debug mode
+    # raises on one), the sampled ids feeding the next step on the device.
+    _, model = cuda_model()
+    llm = LLM(model, num_kv_blocks=256, max_num_seqs=40, num_scheduler_steps=8)
+    runner = llm.llm_engine.model_runner
+    launch, checked = runner.launch, []
+
+    def checked_launch(batch):
+        if batch.num_steps and runner.graphs.has(runner.graphs.bucket(len(batch.seqs))):
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                sampled = launch(batch)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            checked.append(batch.num_scheduler_steps)
+            return sampled
+        return launch(batch)
+
+    runner.launch = checked_launch
+    # min_tokens = max_tokens: the stop-id mask is applied on the device in every step of every launch.
+    params = SamplingParams(temperature=1.0, max_tokens=64, min_tokens=64, stop_token_ids=[7], seed=1)
+    got = llm.generate(random_prompts(LENGTHS, vocab=MEDIUM["vocab_size"]), params)
+    assert len(checked) >= 4 and max(checked) == 8
+    assert all(len(o.outputs[0].token_ids) == 64 for o in got)

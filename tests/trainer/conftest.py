@@ -18,8 +18,11 @@ def trainer_factory(tmp_path):
         validate: bool = False,
         run_dir=None,
         engine_copy: bool = False,
+        **kwargs,
     ) -> SyncTrainer:
-        trainer = make_trainer(run_dir or tmp_path / f"run{len(made)}", overrides, seed, validate, engine_copy)
+        """`kwargs`: more `make_trainer` arguments (e.g. `reward_fn`)."""
+        run_dir = run_dir or tmp_path / f"run{len(made)}"
+        trainer = make_trainer(run_dir, overrides, seed, validate, engine_copy, **kwargs)
         made.append(trainer)
         return trainer
 

@@ -3,6 +3,7 @@ groups are partly all-equal."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -101,8 +102,7 @@ def dapo_factory(trainer_factory, monkeypatch):
     import trainer_helpers
 
     monkeypatch.setattr(trainer_helpers, "FixedPrompts", lambda batch_size, seed: NumberedPrompts(batch_size))
-    monkeypatch.setattr(trainer_helpers, "seven_fraction", planted)
-    return trainer_factory
+    return functools.partial(trainer_factory, reward_fn=planted)
 
 
 def test_dynamic_sampling_keeps_the_batch_size_and_reports_the_filtered_fraction(dapo_factory, tmp_path):

@@ -69,3 +69,26 @@ def test_autocast_update_takes_the_varlen_attention_path(tmp_path, monkeypatch):
         assert metrics["actor/grad_norm"] > 0
     finally:
         trainer.close()
+
+
+def test_cuda_ppo_with_a_critic_learns_under_bf16_autocast(tmp_path):
+    """The critic's values pass and update on CUDA (bf16 autocast, fp32 master weights), then PPO on the 7 task."""
+    trainer = make_trainer(
+        tmp_path / "run",
+        (
+            "actor_rollout_ref.rollout.gpu_memory_utilization=0.5",
+            "algorithm.adv_estimator=gae",
+            "critic.optim.lr=1e-3",
+            "trainer.critic_warmup=1",
+            "trainer.total_training_steps=10",
+        ),
+        device="cuda",
+    )
+    try:
+        assert all(p.dtype == torch.float32 and p.is_cuda for p in trainer.critic.model.parameters())
+        history = trainer.fit()
+        scores = [m["critic/score/mean"] for m in history]
+        assert sum(scores[-3:]) / 3 > scores[0] + 0.3, scores
+        assert all(m["critic/skipped_steps"] == 0 and m["timing_s/update_critic"] > 0 for m in history)
+    finally:
+        trainer.close()

@@ -86,10 +86,12 @@ def make_trainer(
     validate: bool = False,
     engine_copy: bool = False,
     device: str = "cpu",
+    reward_fn=seven_fraction,
 ) -> SyncTrainer:
     """`engine_copy`: the engine gets its own copy of the weights (as on CUDA, and always in the overlap modes
     `trainer.mode=one_step_off|async`) instead of sharing the trainer's.
-    `device="cuda"`: the production CUDA path (`build_engine`: a bf16 engine copy; bf16 autocast updates)."""
+    `device="cuda"`: the production CUDA path (`build_engine`: a bf16 engine copy; bf16 autocast updates).
+    `reward_fn`: the scorer, `(data_source, solution_str, ground_truth, extra_info) -> float`."""
     config = load_config(
         None,
         (
@@ -131,7 +133,7 @@ def make_trainer(
         tokenizer,
         llm,
         FixedPrompts(config.data.gen_batch_size, seed),
-        RewardPool(seven_fraction, num_workers=0),
+        RewardPool(reward_fn, num_workers=0),
         val_loader=FixedPrompts(8, seed + 100, num_batches=1) if validate else None,
         ref_model=reference_model(config, model),
         compute_dtype=torch.bfloat16 if device == "cuda" else None,

@@ -15,6 +15,7 @@ are scattered into this layout before calling in: sequence-level pieces (GSPO's 
 aggregations, returns that run backwards along a response) need the row structure.
 """
 
+from . import cov_policy_loss  # noqa: F401  (registers clip_cov and kl_cov)
 from .advantages import (
     ADV_ESTIMATOR_REGISTRY,
     compute_advantage,
@@ -28,7 +29,7 @@ from .kl_reward import AdaptiveKLController, FixedKLController, apply_kl_penalty
 from .masked import masked_mean, masked_sum, masked_var, masked_whiten
 from .policy_loss import POLICY_LOSS_REGISTRY, get_policy_loss_fn, register_policy_loss
 from .rollout_correction import compute_rollout_is_weights
-from .value_loss import compute_value_loss
+from .value_loss import compute_value_loss, explained_variance
 
 __all__ = [
     "ADV_ESTIMATOR_REGISTRY",
@@ -41,6 +42,7 @@ __all__ = [
     "compute_rollout_is_weights",
     "compute_value_loss",
     "entropy_from_logits",
+    "explained_variance",
     "get_adv_estimator",
     "get_kl_controller",
     "get_policy_loss_fn",

@@ -178,3 +178,53 @@ def compute_gae_advantage_return(
     advantages = torch.stack(advantages_reversed[::-1], dim=1)
     returns = advantages + values
     return masked_whiten(advantages, mask), returns
+
+
+@register_adv_est("opo")
+@torch.no_grad()
+def compute_opo_outcome_advantage(
+    token_level_rewards: Tensor, response_mask: Tensor, index: GroupIndex
+) -> tuple[Tensor, Tensor]:
+    """OPO (On-Policy RL with Optimal reward baseline, https://arxiv.org/abs/2505.23585): score − the group's
+    length-weighted mean score Σ|o_j|·r_j / Σ|o_j|, the variance-minimising baseline when the gradient of a
+    response grows with its length. A group of one gets baseline 0 (verl)."""
+    scores_B = token_level_rewards.sum(dim=-1)
+    lengths_B = response_mask.sum(dim=-1).to(scores_B.dtype)
+    count_B, length_sum_B, _, _ = _group_stats(lengths_B, index)
+    _, weighted_sum_B, _, _ = _group_stats(lengths_B * scores_B, index)
+    baseline_B = torch.where(count_B > 1, weighted_sum_B / length_sum_B.clamp(min=1), 0.0)
+    advantages = (scores_B - baseline_B).unsqueeze(-1) * response_mask
+    return advantages, advantages
+
+
+@register_adv_est("grpo_passk")
+@torch.no_grad()
+def compute_grpo_passk_outcome_advantage(
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    index: GroupIndex,
+    norm_adv_by_std_in_grpo: bool = True,
+    epsilon: float = 1e-6,
+) -> tuple[Tensor, Tensor]:
+    """Pass@k training (https://arxiv.org/abs/2503.19595, as verl's `grpo_passk`): the group is rewarded by its best
+    sample, so only that sample gets an advantage, its margin over the runner-up r_max − r_second (÷ (group std +
+    eps) when `norm_adv_by_std_in_grpo`); every other sample gets 0. Ties for the best go to the first in batch
+    order (its margin is then 0 anyway). Needs at least 2 samples per group."""
+    scores_B = token_level_rewards.sum(dim=-1)
+    g_B, num_groups = group_ids(index, device=scores_B.device)
+    count_B, _, _, std_B = _group_stats(scores_B, index)
+    if bool((count_B < 2).any()):
+        raise ValueError("grpo_passk compares the best two samples of each prompt: every group needs >= 2 samples")
+    B = scores_B.numel()
+    positions_B = torch.arange(B, device=scores_B.device)
+    neg_inf_G = torch.full((num_groups,), -torch.inf, dtype=scores_B.dtype, device=scores_B.device)
+    max_G = neg_inf_G.scatter_reduce(0, g_B, scores_B, "amax")
+    candidates_B = torch.where(scores_B == max_G[g_B], positions_B, B)
+    first_best_G = torch.full((num_groups,), B, device=scores_B.device).scatter_reduce(0, g_B, candidates_B, "amin")
+    best_B = positions_B == first_best_G[g_B]
+    second_G = neg_inf_G.scatter_reduce(0, g_B, torch.where(best_B, -torch.inf, scores_B), "amax")
+    margin_B = max_G[g_B] - second_G[g_B]
+    if norm_adv_by_std_in_grpo:
+        margin_B = margin_B / (std_B + epsilon)
+    advantages = torch.where(best_B, margin_B, 0.0).unsqueeze(-1) * response_mask
+    return advantages, advantages

@@ -5,6 +5,9 @@
 Clipping the new prediction to a band around the rollout-time value keeps one update from moving the
 critic far, the value-side analogue of the policy's ratio clip. Returns `(loss, vf_clipfrac)`, the
 fraction of valid tokens where the clipped error was the larger (a detached tensor).
+
+`explained_variance` is verl's `critic/vf_explained_var`: 1 − Var(R − V) / (Var(R) + 1e-5) over the valid tokens,
+unbiased variances; 1 when the values predict the returns exactly, 0 when no better than their mean.
 """
 
 from __future__ import annotations
@@ -33,3 +36,8 @@ def compute_value_loss(
     )
     vf_clipfrac = masked_mean(torch.gt(vf_losses2, vf_losses1).float(), response_mask)
     return vf_loss, vf_clipfrac.detach()
+
+
+def explained_variance(values_N: Tensor, returns_N: Tensor) -> Tensor:
+    """Over flat `[N]` tensors of the valid tokens' values and returns."""
+    return 1.0 - torch.var(returns_N - values_N) / (torch.var(returns_N) + 1e-5)

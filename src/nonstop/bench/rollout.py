@@ -70,7 +70,7 @@ def decode_bytes(model: CausalLM, prompt_lens: list[int], out_lens: list[int], d
     return weight_bytes * decode_steps + kv_tokens * model.config.kv_bytes_per_token
 
 
-def run_nonstop(model, prompts, out_lens, repeats: int, args) -> dict:
+def run_nonstop(model, prompts, out_lens, repeats: int, args, num_scheduler_steps: int) -> dict:
     from nonstop.rollout import LLM, SamplingParams
 
     # As verl does: the longest sequence the rollout can produce, which bounds the block table each step uploads.
@@ -80,6 +80,7 @@ def run_nonstop(model, prompts, out_lens, repeats: int, args) -> dict:
         gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_seqs=args.max_num_seqs,
         max_model_len=max_model_len,
+        num_scheduler_steps=num_scheduler_steps,
     )
     params = [SamplingParams(temperature=1.0, max_tokens=o, ignore_eos=True, seed=i) for i, o in enumerate(out_lens)]
     llm.generate(prompts[:8], params[:8])  # warm-up: graph capture, Triton compile
@@ -110,7 +111,8 @@ def run_nonstop(model, prompts, out_lens, repeats: int, args) -> dict:
 
 
 def decode_breakdown(llm, prompts, params, steps: int = 20) -> dict:
-    """Kernel time by category over `steps` steady-state decode steps, from a torch.profiler trace."""
+    """Kernel time by category per steady-state decode step, over about `steps` of them (multi-step decode: in
+    launches of k), from a torch.profiler trace."""
     from torch.profiler import ProfilerActivity, profile
 
     engine = llm.llm_engine
@@ -120,17 +122,20 @@ def decode_breakdown(llm, prompts, params, steps: int = 20) -> dict:
         engine.step()  # get through prefill
     for _ in range(3):
         engine.step()
+    launches = max(2, steps // engine.num_scheduler_steps)
     # Wall time unprofiled (a CPU-side profiler would inflate host work), kernels from a CUDA-only trace.
     torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(steps):
+    start, before = time.perf_counter(), engine.stats.num_decode_steps
+    for _ in range(launches):
         engine.step()
-    wall = time.perf_counter() - start
+    wall, wall_steps = time.perf_counter() - start, engine.stats.num_decode_steps - before
     batch = len(engine.scheduler.running)
+    before = engine.stats.num_decode_steps
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
+        for _ in range(launches):
             engine.step()
         torch.cuda.synchronize()
+    steps = engine.stats.num_decode_steps - before
     engine.abort_request([f"bd{i}" for i in range(len(prompts))])
     buckets = {"attention": 0.0, "gemm": 0.0, "sampling": 0.0, "other_kernels": 0.0}
     intervals, by_name = [], {}
@@ -150,7 +155,7 @@ def decode_breakdown(llm, prompts, params, steps: int = 20) -> dict:
             buckets["other_kernels"] += dur
     busy = sum(e - s for s, e in merge(intervals)) / 1e6  # union of kernel intervals; profiler times are in µs
     out = {k: v / steps * 1e3 for k, v in buckets.items()}  # ms per step
-    out["step_ms"] = wall / steps * 1e3
+    out["step_ms"] = wall / wall_steps * 1e3
     out["gpu_busy_ms"] = busy / steps * 1e3
     out["host_gap_ms"] = out["step_ms"] - out["gpu_busy_ms"]
     out["batch"] = batch
@@ -204,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument(
+        "--num-scheduler-steps",
+        default="8",
+        help="comma list of multi-step decode k values, each run on every shape and workload (e.g. 1,8)",
+    )
     parser.add_argument("--out", default=None, help="JSON path (default bench/results/rollout-<time>.json)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -218,29 +228,33 @@ def main(argv: list[str] | None = None) -> int:
         model = random_model(shape, torch.device("cuda"))
         for workload in args.workloads.split(","):
             prompts, out_lens = make_workload(workload, model.config.vocab_size)
-            ours = run_nonstop(model, prompts, out_lens, args.repeats, args)
-            moved = decode_bytes(model, [len(p) for p in prompts], out_lens, ours["num_decode_steps"])
-            ours["decode_bandwidth_gbs"] = moved / ours["decode_time_s"] / 1e9
-            ours["bandwidth_fraction"] = ours["decode_bandwidth_gbs"] / copy_gbs
-            row = {"shape": shape, "workload": workload, "nonstop": ours}
-            if (workload, shape) in hf_pairs:
-                row["transformers"] = run_transformers(shape, model, prompts, out_lens, args)
-                row["speedup"] = ours["tok_s"] / row["transformers"]["tok_s"]
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-            # Written after every row: a run stopped by a time limit keeps what it measured.
-            write_result(out_path, {"environment": env, "command": command, "rows": rows})
+            hf = None
+            for k in [int(k) for k in args.num_scheduler_steps.split(",")]:
+                ours = run_nonstop(model, prompts, out_lens, args.repeats, args, k)
+                moved = decode_bytes(model, [len(p) for p in prompts], out_lens, ours["num_decode_steps"])
+                ours["decode_bandwidth_gbs"] = moved / ours["decode_time_s"] / 1e9
+                ours["bandwidth_fraction"] = ours["decode_bandwidth_gbs"] / copy_gbs
+                row = {"shape": shape, "workload": workload, "num_scheduler_steps": k, "nonstop": ours}
+                if (workload, shape) in hf_pairs:
+                    hf = hf or run_transformers(shape, model, prompts, out_lens, args)
+                    row["transformers"] = hf
+                    row["speedup"] = ours["tok_s"] / hf["tok_s"]
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                # Written after every row: a run stopped by a time limit keeps what it measured.
+                write_result(out_path, {"environment": env, "command": command, "rows": rows})
         del model
         torch.cuda.empty_cache()
     print(f"\ncopy bandwidth {copy_gbs:.0f} GB/s; {env['gpu']}, torch {env['torch']}")
-    header = f"{'shape':14} {'workload':9} {'tok/s':>9} {'HF tok/s':>9} {'x HF':>6} {'BW frac':>7} "
+    header = f"{'shape':14} {'workload':9} {'k':>2} {'tok/s':>9} {'HF tok/s':>9} {'x HF':>6} {'BW frac':>7} "
     header += f"{'step ms':>7} {'attn':>6} {'gemm':>6} {'other':>6} {'host':>6} preempt"
     print(header)
     for r in rows:
         o, b = r["nonstop"], r["nonstop"]["breakdown"]
         hf = r.get("transformers", {}).get("tok_s")
         print(
-            f"{r['shape']:14} {r['workload']:9} {o['tok_s']:9.0f} {hf or float('nan'):9.0f} "
+            f"{r['shape']:14} {r['workload']:9} {r['num_scheduler_steps']:2d} {o['tok_s']:9.0f} "
+            f"{hf or float('nan'):9.0f} "
             f"{r.get('speedup', float('nan')):6.1f} {o['bandwidth_fraction']:7.2f} {b['step_ms']:7.2f} "
             f"{b['attention']:6.2f} {b['gemm']:6.2f} {b['other_kernels'] + b['sampling']:6.2f} "
             f"{b['host_gap_ms']:6.2f} {o['num_preemptions']}"

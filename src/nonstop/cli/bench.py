@@ -10,6 +10,7 @@ BENCHMARKS = {
     "decode-attention": "nonstop.bench.decode_attention",
     "lora": "nonstop.bench.lora",
     "modes": "nonstop.bench.modes",
+    "engine-host": "nonstop.bench.engine_host",
     "phases": "nonstop.bench.phases",
     "prefix": "nonstop.bench.prefix",
     "rollout": "nonstop.bench.rollout",

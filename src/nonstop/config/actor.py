@@ -10,7 +10,7 @@ from .spec import option, section
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_LOSS_TYPES = ("kl", "k1", "k2", "k3", "low_var_kl", "mse", "abs")
-POLICY_LOSS_MODES = ("vanilla", "gspo", "cispo")
+POLICY_LOSS_MODES = ("vanilla", "gspo", "cispo", "clip_cov", "kl_cov")
 PREFIX_GROUPER_CHOICES = (True, False, "auto")
 # `use_prefix_grouper=auto` groups a batch when grouping skips at least this share of its tokens
 # (Σ_groups P (n - 1) / Σ_samples (P + r)). Below it, the linear-layer work saved is within what grouping gives back:
@@ -21,10 +21,21 @@ PREFIX_GROUPER_AUTO_MIN_SAVED = 0.25
 
 @dataclass
 class PolicyLossConfig:
-    loss_mode: str = option("vanilla", "Policy loss: vanilla (PPO clip, dual clip), gspo or cispo")
+    loss_mode: str = option(
+        "vanilla", "Policy loss: vanilla (PPO clip, dual clip), gspo, cispo, clip_cov or kl_cov (Entropy Mechanism)"
+    )
+    clip_cov_ratio: float = option(0.0002, "clip_cov: fraction of tokens whose gradient is detached")
+    clip_cov_lb: float = option(1.0, "clip_cov: lower bound of the covariance of the tokens it may detach")
+    clip_cov_ub: float = option(5.0, "clip_cov: upper bound of the covariance of the tokens it may detach")
+    kl_cov_ratio: float = option(0.0002, "kl_cov: fraction of tokens (largest covariance) given the KL penalty")
+    ppo_kl_coef: float = option(0.1, "kl_cov: weight of the |log ratio| penalty on those tokens")
 
     def __post_init__(self):
         check_choice("loss_mode", self.loss_mode, POLICY_LOSS_MODES)
+        for key in ("clip_cov_ratio", "kl_cov_ratio"):
+            check(0 < getattr(self, key) <= 1, key, getattr(self, key), "must be in (0, 1]")
+        check(self.clip_cov_lb < self.clip_cov_ub, "clip_cov_ub", self.clip_cov_ub, "must be > clip_cov_lb")
+        check(self.ppo_kl_coef >= 0, "ppo_kl_coef", self.ppo_kl_coef, "must be >= 0")
 
 
 @dataclass

@@ -9,9 +9,18 @@ from .errors import ConfigError, check, check_choice
 from .spec import option, section
 
 # Names follow verl's `AdvantageEstimator`; algos/ registers an implementation under each.
-ADV_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax")
+ADV_ESTIMATORS = (
+    "gae",
+    "grpo",
+    "rloo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "remax",
+    "opo",
+    "grpo_passk",
+)
 # Estimators that compare the samples of one prompt, so a group of one gives zero advantage.
-GROUP_ESTIMATORS = ("grpo", "rloo")
+GROUP_ESTIMATORS = ("grpo", "rloo", "opo", "grpo_passk")
 DR_GRPO = (
     "Dr. GRPO is GRPO without the std normalization and with a constant length normalizer: set "
     "algorithm.adv_estimator=grpo algorithm.norm_adv_by_std_in_grpo=False "

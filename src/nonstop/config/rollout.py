@@ -47,6 +47,11 @@ class RolloutConfig:
     enable_prefix_caching: bool = option(True, "Reuse KV blocks of shared prompt prefixes (reset after weight updates)")
     enforce_eager: bool = option(False, "Decode without CUDA graphs")
     cudagraph_capture_sizes: list[int] | None = option(None, "Decode batch sizes captured as CUDA graphs; null = auto")
+    num_scheduler_steps: int | None = option(
+        None,
+        "(nonstop) Decode steps chained on the device per engine step when only decoding; null = 1. k > 1 is "
+        "experimental on CUDA: its GPU equality test failed on the H200 (docs/architecture.md)",
+    )
     free_cache_engine: bool = option(True, "Release the KV cache while training (sync mode), resume after")
     log_prob_micro_batch_size_per_gpu: int | None = option(
         None, "Samples per old-log-prob forward on one GPU; null = actor's ppo_micro_batch_size_per_gpu"
@@ -69,6 +74,7 @@ class RolloutConfig:
         check(self.max_num_seqs >= 1, "max_num_seqs", self.max_num_seqs, "must be >= 1")
         check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", self.max_num_batched_tokens, "must be >= 1")
         check_positive_or_none("max_model_len", self.max_model_len)
+        check_positive_or_none("num_scheduler_steps", self.num_scheduler_steps)
         sizes = self.cudagraph_capture_sizes
         check(sizes is None or all(s >= 1 for s in sizes), "cudagraph_capture_sizes", sizes, "sizes must be >= 1")
         check_positive_or_none("log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu)

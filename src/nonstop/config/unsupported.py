@@ -113,7 +113,6 @@ RULES: tuple[Unsupported, ...] = (
     Unsupported("actor_rollout_ref.actor.loss_scale_factor", "set actor_rollout_ref.actor.loss_agg_mode", (None,)),
     Unsupported("actor_rollout_ref.actor.tau_*", "SAPO is not implemented", ANY),
     Unsupported("*.freeze_vision_tower", "multimodal models are not supported", (False,)),
-    Unsupported("actor_rollout_ref.actor.policy_loss.*", "used by clip_cov/kl_cov losses only: not implemented", ANY),
     Unsupported(
         "actor_rollout_ref.actor.checkpoint", "checkpoints always hold model, optimizer and trainer state", ANY
     ),

@@ -150,6 +150,24 @@ class DecoderModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
 
+    def forward(
+        self,
+        input_ids_T: Tensor,
+        positions_T: Tensor,
+        attention: AttentionBackend,
+        gradient_checkpointing: bool = False,
+    ) -> Tensor:
+        """Final-norm hidden states `[T, D]` for packed tokens: the trunk the policy's lm_head and the critic's value
+        head both read."""
+        h_TD = self.embed_tokens(input_ids_T)
+        cos_TE, sin_TE = self.rotary_emb(positions_T, h_TD.dtype)
+        for layer in self.layers:
+            if gradient_checkpointing and torch.is_grad_enabled():
+                h_TD = checkpoint(layer, h_TD, cos_TE, sin_TE, attention, use_reentrant=False)
+            else:
+                h_TD = layer(h_TD, cos_TE, sin_TE, attention)
+        return self.norm(h_TD)
+
 
 class CausalLM(nn.Module):
     def __init__(self, config: ModelConfig):
@@ -163,14 +181,7 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids_T: Tensor, positions_T: Tensor, attention: AttentionBackend) -> Tensor:
         """Final-norm hidden states `[T, D]` for packed tokens."""
-        h_TD = self.model.embed_tokens(input_ids_T)
-        cos_TE, sin_TE = self.model.rotary_emb(positions_T, h_TD.dtype)
-        for layer in self.model.layers:
-            if self.gradient_checkpointing and torch.is_grad_enabled():
-                h_TD = checkpoint(layer, h_TD, cos_TE, sin_TE, attention, use_reentrant=False)
-            else:
-                h_TD = layer(h_TD, cos_TE, sin_TE, attention)
-        return self.model.norm(h_TD)
+        return self.model(input_ids_T, positions_T, attention, self.gradient_checkpointing)
 
     def compute_logits(self, h_TD: Tensor) -> Tensor:
         return self.lm_head(h_TD)

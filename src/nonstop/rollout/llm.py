@@ -39,6 +39,7 @@ class LLM:
         enforce_eager: bool = False,
         enable_prefix_caching: bool = True,
         async_scheduling: bool = True,
+        num_scheduler_steps: int | None = None,
         seed: int = 0,
     ):
         """`model` is a checkpoint path (HF directory or .gguf, loaded with its tokenizer) or a `CausalLM`, used as
@@ -46,7 +47,8 @@ class LLM:
         `device=None` picks CUDA when available; `dtype=None` keeps a given model's dtype and loads paths in bf16 on
         GPU, fp32 on CPU. `num_kv_blocks` overrides the KV cache size (else sized from `gpu_memory_utilization` on
         GPU, a fixed budget on CPU). `async_scheduling` overlaps each step's host work with the next step on the device
-        (same tokens and log-probs as the synchronous engine, see llm_engine.py)."""
+        (same tokens and log-probs as the synchronous engine, see llm_engine.py). `num_scheduler_steps` runs decode-only
+        steps k at a time on the device (same outputs as k = 1; None = 8 on CUDA, 1 elsewhere; see scheduler.py)."""
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
         if isinstance(model, str):
@@ -68,6 +70,7 @@ class LLM:
             enforce_eager=enforce_eager,
             enable_prefix_caching=enable_prefix_caching,
             async_scheduling=async_scheduling,
+            num_scheduler_steps=num_scheduler_steps,
             seed=seed,
         )
         self.llm_engine = LLMEngine(model, args, tokenizer)

@@ -38,6 +38,10 @@ class EngineArgs:
     # Overlap each step's host work with the next step on the device (module docstring). False: the synchronous
     # engine, which reads every step's tokens before scheduling the next.
     async_scheduling: bool = True
+    # Multi-step decode (vLLM's name): a decode-only step runs up to this many decode steps back to back on the
+    # device, with no host round trip between them (scheduler.py). None: 8 on CUDA, where it hides the host's
+    # per-step work; 1 elsewhere.
+    num_scheduler_steps: int | None = None
     seed: int = 0
 
     def __post_init__(self):
@@ -46,6 +50,8 @@ class EngineArgs:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1 or None, got {self.num_kv_blocks}")
+        if self.num_scheduler_steps is not None and self.num_scheduler_steps < 1:
+            raise ValueError(f"num_scheduler_steps must be >= 1 or None, got {self.num_scheduler_steps}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
 
@@ -75,6 +81,7 @@ class LLMEngine:
     def __init__(self, model: CausalLM, args: EngineArgs, tokenizer=None):
         self.model, self.args, self.tokenizer = model, args, tokenizer
         self.max_model_len = args.max_model_len or model.config.max_position_embeddings
+        self.num_scheduler_steps = args.num_scheduler_steps or 1
         self.model_runner = ModelRunner(
             model,
             block_size=args.block_size,
@@ -84,10 +91,15 @@ class LLMEngine:
             num_kv_blocks=args.num_kv_blocks,
             gpu_memory_utilization=args.gpu_memory_utilization,
             enforce_eager=args.enforce_eager,
+            num_scheduler_steps=self.num_scheduler_steps,
         )
         self.block_manager = BlockManager(self.model_runner.num_kv_blocks, args.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(
-            self.block_manager, args.max_num_seqs, args.max_num_batched_tokens, model.config.eos_token_ids
+            self.block_manager,
+            args.max_num_seqs,
+            args.max_num_batched_tokens,
+            model.config.eos_token_ids,
+            num_scheduler_steps=self.num_scheduler_steps,
         )
         # Seeds for requests that bring none: drawn in admission order, so a whole run reproduces from `args.seed`.
         self.rng = random.Random(args.seed)

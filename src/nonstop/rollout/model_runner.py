@@ -18,6 +18,11 @@ engine can defer until it has scheduled and launched the next step (async schedu
 sampled when the next step is built (a placeholder, see sequence.py) reaches that step's input ids on the device,
 from `sampled_ids`, where every step leaves its sampled ids.
 
+Multi-step decode (`num_scheduler_steps` k > 1, a batch the scheduler gave `num_steps`): one launch runs the k decode
+steps back to back on the device — the model (or its CUDA graph) k times, each step's inputs advanced from the
+previous one by small device ops (`_advance_decode_inputs`) — and returns all k × S sampled ids and log-probs in one
+device-to-host copy into reused pinned buffers (`SampledBuffers`): no host round trip and no allocation per step.
+
 CUDA only (`device.type == "cuda"`): the model's q/k/v and gate/up projections are fused (`fuse_projections`), the
 KV cache is sized from `gpu_memory_utilization` after a warm-up forward at `max_num_batched_tokens` measures the
 activation peak, and decode-only steps replay CUDA graphs captured at bucketed batch sizes (each captured lazily at
@@ -120,8 +125,9 @@ class StepBuffers:
     """
 
     # prev_row: per decode row, the previous step's sample row whose id is its input (-1: input_ids holds it).
-    INT64 = ("input_ids", "prev_row", "positions", "slot_mapping", "logit_rows", "top_k", "seed", "sample_index",
-             "position")  # fmt: skip
+    # num_steps: per decode row, its steps in a multi-step decode launch; min_tokens: per sample row.
+    INT64 = ("input_ids", "prev_row", "positions", "slot_mapping", "num_steps", "logit_rows", "top_k", "seed",
+             "sample_index", "position", "min_tokens")  # fmt: skip
     INT32 = ("context_lens",)
     FLOAT32 = ("temperature", "top_p")
 
@@ -167,13 +173,49 @@ class StepBuffers:
 class SampledStep:
     """A launched step's sampled token ids and log-probs, row by row, on their way to the host."""
 
-    values_2S: Tensor  # float64 on the host (pinned on CUDA): ids, then log-probs
+    values_2R: Tensor  # float64 on the host (pinned on CUDA): R ids, then R log-probs; a view of a reused buffer
     copied: torch.cuda.Event | None  # recorded behind the device-to-host copy; None on CPU
+    rows: np.ndarray | None = None  # multi-step decode: the rows of steps each sequence really runs, in order
 
     def read(self) -> tuple[list[int], list[float]]:
         if self.copied is not None:
-            self.copied.synchronize()  # the step's one host sync: waits for the device to get this far
-        return self.values_2S[0].long().tolist(), self.values_2S[1].tolist()
+            self.copied.synchronize()  # the launch's one host sync: waits for the device to get this far
+        values = self.values_2R.numpy()
+        R = len(values) // 2
+        ids, logprobs = values[:R], values[R:]
+        if self.rows is not None:
+            ids, logprobs = ids[self.rows], logprobs[self.rows]
+        return ids.astype(np.int64).tolist(), logprobs.tolist()
+
+
+class SampledBuffers:
+    """Where every launch leaves its sampled ids and log-probs: one device buffer, written step by step, and two
+    host buffers (pinned on CUDA) that take its one device-to-host copy alternately — no allocation per step.
+
+    A host buffer is written again two launches later; the engine reads a launch's values (`SampledStep.read`, which
+    copies them out) before it launches the next-but-one, since at most one launch is in flight unread."""
+
+    def __init__(self, num_rows: int, device: torch.device):
+        self.device = device
+        self.values_2R = torch.zeros(2 * num_rows, dtype=torch.float64, device=device)
+        pinned = device.type == "cuda"
+        self.host = [torch.zeros(2 * num_rows, dtype=torch.float64, pin_memory=pinned) for _ in range(2)]
+        self.copied = [torch.cuda.Event() if pinned else None for _ in range(2)]
+        self.current = 1
+
+    def write(self, first_row: int, num_rows_total: int, tokens_S: Tensor, logprobs_S: Tensor) -> None:
+        S = tokens_S.shape[0]
+        self.values_2R[first_row : first_row + S].copy_(tokens_S)
+        self.values_2R[num_rows_total + first_row : num_rows_total + first_row + S].copy_(logprobs_S)
+
+    def read_back(self, num_rows_total: int, rows: np.ndarray | None) -> SampledStep:
+        self.current ^= 1
+        host = self.host[self.current][: 2 * num_rows_total]
+        host.copy_(self.values_2R[: 2 * num_rows_total], non_blocking=True)
+        event = self.copied[self.current]
+        if event is not None:
+            event.record(torch.cuda.current_stream(self.device))
+        return SampledStep(host, event, rows)
 
 
 @dataclass
@@ -211,6 +253,7 @@ class ModelRunner:
         num_kv_blocks: int | None,
         gpu_memory_utilization: float,
         enforce_eager: bool,
+        num_scheduler_steps: int = 1,
     ):
         self.model = model.eval()
         self.config = model.config
@@ -236,8 +279,12 @@ class ModelRunner:
         self.allocate_kv_cache()
         self.rows = SequenceRows(max_num_seqs, self.max_blocks_per_seq)
         self.buffers = StepBuffers(max_num_seqs, self.max_blocks_per_seq, self.device)
-        # Every step's sampled ids, left on the device for the next step's inputs (`decode_input_ids`).
-        self.sampled_ids = torch.zeros(max_num_seqs, dtype=torch.int64, device=self.device)
+        self.num_scheduler_steps = num_scheduler_steps
+        # Every launch's sampled ids (row j * S + i: step j, sequence i), left on the device for the next step's
+        # inputs (`decode_input_ids`).
+        self.sampled_ids = torch.zeros(num_scheduler_steps * max_num_seqs, dtype=torch.int64, device=self.device)
+        self.sampled = SampledBuffers(num_scheduler_steps * max_num_seqs, self.device)
+        self.row_arange = torch.arange(max_num_seqs, dtype=torch.int64, device=self.device)
         use_graphs = self.device.type == "cuda" and not enforce_eager
         self.graphs = DecodeGraphs(self, max_num_seqs) if use_graphs else None
 
@@ -369,7 +416,9 @@ class ModelRunner:
             d_seqs = [seqs[i] for i in decode] if prefill else seqs
             pos_D = plan.cached_N[decode] if prefill else plan.cached_N
             row_D = rows_N[decode]
-            width = int(pos_D.max()) // B + 1
+            # Multi-step decode: the later steps read the blocks of positions up to pos + num_steps - 1.
+            last_D = pos_D + np.asarray(batch.num_steps, dtype=np.int64) - 1 if batch.num_steps else pos_D
+            width = int(last_D.max()) // B + 1
             ids_D = np.fromiter((s.token_ids[s.num_cached_tokens] for s in d_seqs), dtype=np.int64, count=D)
             # A placeholder (a token the step in flight is still sampling, async scheduling) is read on the device
             # from that step's sample row: see `decode_input_ids`.
@@ -379,6 +428,7 @@ class ModelRunner:
             host["positions"][:D] = pos_D
             host["slot_mapping"][:D] = table_RM[row_D, pos_D // B].astype(np.int64) * B + pos_D % B
             host["context_lens"][:D] = pos_D + 1
+            host["num_steps"][:D] = batch.num_steps if batch.num_steps else 1
             host["block_tables"][:D, :width] = table_RM[row_D, :width]
             if not prefill and self.graphs is not None and self.graphs.fits(D):
                 # Rows padding the batch to its graph's size write their KV into the scratch block.
@@ -416,6 +466,7 @@ class ModelRunner:
         host["seed"][:S] = r.seed[prow_S]
         host["sample_index"][:S] = r.sample_index[prow_S] + np.arange(S) - first_S
         host["position"][:S] = position_S
+        host["min_tokens"][:S] = r.min_tokens[prow_S]
         sampled = temperature_S > 0
         plan.all_greedy = not sampled.any()
         plan.any_top_k = bool((sampled & (r.top_k[prow_S] > 0)).any())
@@ -433,6 +484,44 @@ class ModelRunner:
         stop_mask = torch.zeros(plan.num_sample_rows, self.config.vocab_size, dtype=torch.bool, device=self.device)
         stop_mask[pairs[0], pairs[1]] = True
         return stop_mask
+
+    def _advance_decode_inputs(self, step: int, num_rows: int) -> None:
+        """Multi-step decode: turn the device buffer's decode rows from step `step - 1`'s inputs into step `step`'s,
+        on the device. A row still running moves one position on, its input the id it sampled in the previous step
+        (sample row (step - 1) * S + i, S = num_rows) and its KV slot read from its block table (blocks reserved by
+        the scheduler); a row past its own step count stays at its last position and writes its KV to the scratch
+        block, so the rows it computes (and the scheduler drops) overwrite nothing."""
+        dev, B, D = self.buffers.dev, self.block_size, num_rows
+        running_D = dev["num_steps"][:D] > step
+        positions_D = dev["positions"][:D]
+        positions_D += running_D
+        dev["context_lens"][:D].copy_(positions_D + 1)
+        block_D = dev["block_tables"][:D].gather(1, (positions_D // B)[:, None]).squeeze(1)
+        slot_D = torch.where(running_D, block_D * B + positions_D % B, self.scratch_block * B)
+        dev["slot_mapping"][:D].copy_(slot_D)
+        torch.add(self.row_arange[:D], (step - 1) * D, out=dev["prev_row"][:D])
+
+    def _sampling_tensors(self, plan: StepPlan, dev: dict[str, Tensor], stop_mask_S: Tensor | None, step: int):
+        """Sampling settings of the step's rows; a multi-step launch's step `step` samples `step` positions further
+        on (its noise and min_tokens follow the position)."""
+        S = plan.num_sample_rows
+        position_S, min_tokens_S = dev["position"][:S], dev["min_tokens"][:S]
+        if step:
+            position_S = position_S + step
+            if stop_mask_S is not None:
+                stop_mask_S = stop_mask_S & (position_S < min_tokens_S)[:, None]
+        return SamplingTensors(
+            temperature_N=dev["temperature"][:S],
+            top_k_N=dev["top_k"][:S],
+            top_p_N=dev["top_p"][:S],
+            seed_N=dev["seed"][:S],
+            sample_index_N=dev["sample_index"][:S],
+            position_N=position_S,
+            stop_mask_N=stop_mask_S,
+            all_greedy=plan.all_greedy,
+            any_top_k=plan.any_top_k,
+            any_top_p=plan.any_top_p,
+        )
 
     def _to_device(self, values, dtype: torch.dtype = torch.int64) -> Tensor:
         host = torch.as_tensor(values, dtype=dtype)
@@ -475,45 +564,41 @@ class ModelRunner:
                 md.context_slots_C = to_device(plan.context_slots)
         return ids, positions, md
 
+    def _forward(self, plan: StepPlan, dev: dict[str, Tensor]) -> Tensor:
+        if plan.use_graph:
+            return self.graphs.replay(plan.num_decode, plan.bucket)
+        ids, positions, md = self._attention_inputs(plan, dev)
+        return self.model(ids, positions, PagedAttention(self.k_caches, self.v_caches, md))
+
     @torch.inference_mode()
     def launch(self, batch: ScheduledBatch) -> SampledStep:
-        """Queue the step on the device without waiting for it. Its sampled token ids and their log-probs, one row
-        per sample drawn, in batch order, come from the returned handle's `read`."""
+        """Queue the step (a multi-step decode launch: its k steps) on the device without waiting for it. Its sampled
+        token ids and their log-probs, one row per sample drawn, in batch order (multi-step: step by step, the rows
+        of steps each sequence really runs), come from the returned handle's `read`."""
         host = self.buffers.next_host_fields()
         rows_N = self.rows.sync(batch.seqs)
         plan = self._prepare(batch, host, rows_N)
         self._sampling_inputs(batch, host, rows_N, plan)
         if plan.use_graph and not self.graphs.has(plan.bucket):
             self.graphs.capture(plan.bucket)  # before the upload: capturing overwrites the buffer's decode rows
-        dev = self.buffers.upload(num_block_table_rows=plan.bucket)  # the step's one host-to-device copy
-        if plan.use_graph:
-            hidden = self.graphs.replay(plan.num_decode, plan.bucket)
-        else:
-            ids, positions, md = self._attention_inputs(plan, dev)
-            hidden = self.model(ids, positions, PagedAttention(self.k_caches, self.v_caches, md))
-        S = plan.num_sample_rows
-        if not S:
-            return SampledStep(torch.empty(2, 0, dtype=torch.float64), None)
-        logits = self.model.compute_logits(hidden[dev["logit_rows"][:S]])
-        tensors = SamplingTensors(
-            temperature_N=dev["temperature"][:S],
-            top_k_N=dev["top_k"][:S],
-            top_p_N=dev["top_p"][:S],
-            seed_N=dev["seed"][:S],
-            sample_index_N=dev["sample_index"][:S],
-            position_N=dev["position"][:S],
-            stop_mask_N=self._stop_mask(plan),
-            all_greedy=plan.all_greedy,
-            any_top_k=plan.any_top_k,
-            any_top_p=plan.any_top_p,
-        )
-        tokens, logprobs = sample(logits, tensors)
-        self.sampled_ids[:S].copy_(tokens)
-        values_2S = torch.stack([tokens.double(), logprobs.double()])
-        if self.device.type != "cuda":
-            return SampledStep(values_2S, None)
-        # Non-blocking to the host lands in pinned memory; the event says when it has.
-        values_2S = values_2S.to("cpu", non_blocking=True)
-        copied = torch.cuda.Event()
-        copied.record()
-        return SampledStep(values_2S, copied)
+        dev = self.buffers.upload(num_block_table_rows=plan.bucket)  # the launch's one host-to-device copy
+        S, K = plan.num_sample_rows, batch.num_scheduler_steps
+        assert K <= self.num_scheduler_steps and (K == 1 or S == plan.num_decode == len(batch.seqs))
+        stop_mask_S = self._stop_mask(plan)
+        for step in range(K):
+            if step:
+                # No host round trip between the steps: inputs advance on the device, ids come from `sampled_ids`.
+                self._advance_decode_inputs(step, plan.num_decode)
+            hidden = self._forward(plan, dev)
+            if not S:
+                return SampledStep(torch.empty(0, dtype=torch.float64), None)
+            logits = self.model.compute_logits(hidden[dev["logit_rows"][:S]])
+            tokens, logprobs = sample(logits, self._sampling_tensors(plan, dev, stop_mask_S, step))
+            self.sampled_ids[step * S : (step + 1) * S].copy_(tokens)
+            self.sampled.write(step * S, K * S, tokens, logprobs)
+        rows = None
+        if K > 1:
+            steps_S = np.asarray(batch.num_steps)
+            rows = np.flatnonzero(np.arange(K)[:, None] < steps_S[None, :])  # step-major, as `Scheduler.advance`
+        # The launch's one device-to-host copy, into a reused buffer; the handle's event says when it has landed.
+        return self.sampled.read_back(K * S, rows)

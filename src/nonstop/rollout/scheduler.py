@@ -20,6 +20,13 @@ max_tokens checks, finished sequences freed. Until then a sequence is scheduled 
 token turns out to end it has computed one more token in the step launched meanwhile; `update` drops that token
 (it never reaches outputs, log-probs or the prefix cache). `postprocess` is both halves back to back: the
 synchronous engine.
+
+Multi-step decode (vLLM's `num_scheduler_steps` = k): when a step would only decode (no prompt tokens, no admission,
+no group about to fork, nothing preempted), every sequence is given up to k decode steps in ONE launch — as many as
+its max_tokens leaves (`ScheduledBatch.num_steps`) — and the KV blocks for all of them are reserved up front; if they
+cannot be, the step stays a single one. The model runner chains the k steps on the device. `advance` appends one
+placeholder per step and `update` fills them in order, so a sequence that stops inside the k steps drops the tokens
+after its stop exactly like the token computed past a late-seen stop: the outputs are those of k = 1.
 """
 
 from __future__ import annotations
@@ -35,6 +42,13 @@ from nonstop.rollout.sequence import FinishReason, Sequence, SequenceStatus, pla
 class ScheduledBatch:
     seqs: list[Sequence]
     num_new_tokens: list[int]  # tokens each sequence computes this step, starting at its num_cached_tokens
+    # Multi-step decode: how many decode steps each sequence runs in this launch (1..k, its first token is
+    # `num_new_tokens`' 1); None for a single step.
+    num_steps: list[int] | None = None
+
+    @property
+    def num_scheduler_steps(self) -> int:
+        return max(self.num_steps) if self.num_steps else 1
 
     def samples(self, i: int) -> bool:
         seq = self.seqs[i]
@@ -48,7 +62,8 @@ class SchedulerStats:
     num_cached_tokens: int = 0  # tokens taken from the prefix cache instead of computed
     num_preemptions: int = 0
     num_steps: int = 0
-    num_decode_steps: int = 0  # steps that decoded at least one sequence
+    num_steps: int = 0  # launches (a multi-step decode launch counts once)
+    num_decode_steps: int = 0  # decode steps run (each step of a multi-step launch counts)
     num_generated_tokens: int = 0
     # Async scheduling: tokens computed past a sequence's end, because its stop was seen one step late, and dropped.
     num_discarded_tokens: int = 0
@@ -72,8 +87,16 @@ class StepResult:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int, eos_token_ids):
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        eos_token_ids,
+        num_scheduler_steps: int = 1,
+    ):
         self.block_manager = block_manager
+        self.num_scheduler_steps = num_scheduler_steps
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.eos_token_ids = set(eos_token_ids)
@@ -156,6 +179,7 @@ class Scheduler:
             kept.append(seq)
             budget -= n
         self.running = kept
+        num_from_running = len(seqs)
 
         # Admit new work only when nothing had to be preempted: the cache is not under pressure.
         # A group parent counts as the n sequences it will fork into.
@@ -184,16 +208,43 @@ class Scheduler:
             budget -= n
 
         self.kv_blocked = preempted or kv_short
+        batch = ScheduledBatch(seqs, num_new)
+        if self.num_scheduler_steps > 1 and seqs and not preempted and len(seqs) == num_from_running:
+            batch.num_steps = self._reserve_steps(seqs, num_new)
         if seqs:
             self.stats.num_steps += 1
         if any(s.num_cached_tokens >= s.num_prompt_tokens for s in seqs):
-            self.stats.num_decode_steps += 1
+            self.stats.num_decode_steps += batch.num_scheduler_steps
         for seq, n in zip(seqs, num_new, strict=True):
             if seq.num_cached_tokens < seq.num_prompt_tokens:
                 self.stats.num_prefill_tokens += (
                     min(seq.num_cached_tokens + n, seq.num_prompt_tokens) - seq.num_cached_tokens
                 )
-        return ScheduledBatch(seqs, num_new)
+        return batch
+
+    def _reserve_steps(self, seqs: list[Sequence], num_new: list[int]) -> list[int] | None:
+        """Multi-step decode: each sequence's number of steps (up to k, within its max_tokens), with the KV blocks
+        for all of them allocated; None (a single step) unless every sequence decodes one token and all the blocks
+        fit."""
+        k, bm = self.num_scheduler_steps, self.block_manager
+        decodes = (
+            n == 1 and s.num_samples == 1 and s.num_cached_tokens + 1 == s.num_tokens
+            for s, n in zip(seqs, num_new, strict=True)
+        )
+        if not all(decodes):
+            return None
+        B = bm.block_size
+        # Each step samples one output token: at most max_tokens - num_output_tokens (pending placeholders count).
+        steps = [min(k, s.sampling_params.max_tokens - s.num_output_tokens) for s in seqs]
+        # One decode token is allocated already; the other steps' tokens follow it.
+        needed = sum(
+            max(0, -(-(s.num_cached_tokens + m) // B) - len(s.block_table)) for s, m in zip(seqs, steps, strict=True)
+        )
+        if needed > bm.num_free_blocks:
+            return None
+        for seq, m in zip(seqs, steps, strict=True):
+            bm.allocate(seq, m)
+        return steps
 
     def preempt(self, seq: Sequence) -> None:
         self.block_manager.deallocate(seq)
@@ -214,6 +265,8 @@ class Scheduler:
         """The launched step's effect on lengths: every scheduled sequence moves past the tokens it computed, group
         parents whose prompt is done fork, and each sample drawn appends a placeholder for its token."""
         result = StepResult()
+        if batch.num_steps:
+            return self._advance_steps(batch, result)
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
             seq.num_cached_tokens += n
             if seq.num_cached_tokens != len(seq.token_ids):  # a prefill chunk short of the end: nothing sampled
@@ -225,26 +278,41 @@ class Scheduler:
             self.running.extend(result.forked)
         return result
 
+    def _advance_steps(self, batch: ScheduledBatch, result: StepResult) -> StepResult:
+        """A multi-step decode launch: sample row j * S + i is sequence i's token of step j (S sequences); rows of
+        steps past a sequence's own count are computed but not listed."""
+        S, per_seq = len(batch.seqs), []
+        for i, (seq, m) in enumerate(zip(batch.seqs, batch.num_steps, strict=True)):
+            start = seq.num_tokens
+            seq.token_ids += [placeholder(j * S + i) for j in range(m)]
+            seq.output_logprobs += [0.0] * m
+            seq.num_cached_tokens += m
+            per_seq.append([(seq, start + j) for j in range(m)])
+        result.sampled = [rows[j] for j in range(batch.num_scheduler_steps) for rows in per_seq if j < len(rows)]
+        return result
+
     def update(
         self, sampled: list[tuple[Sequence, int]], token_ids: list[int], logprobs: list[float]
     ) -> list[Sequence]:
         """Fill in a launched step's sampled tokens (rows as `advance` listed them); returns the sequences they
         finish. A row whose sequence finished in the previous update was computed past its end and is dropped."""
         assert len(sampled) == len(token_ids) == len(logprobs)
-        finished = []
+        finished, filled = [], {}
         for (seq, index), token_id, logprob in zip(sampled, token_ids, logprobs, strict=True):
             if seq.is_finished:
                 self.stats.num_discarded_tokens += 1
                 continue
             seq.token_ids[index] = token_id
             seq.output_logprobs[index - seq.num_prompt_tokens] = logprob
+            filled[seq.seq_id] = seq
             self.stats.num_generated_tokens += 1
             if self._check_stop(seq, index):
-                # Drop what the step launched meanwhile appended past the end.
+                # Drop what was appended past the end: later steps of a multi-step launch, the step launched meanwhile.
                 del seq.token_ids[index + 1 :], seq.output_logprobs[index + 1 - seq.num_prompt_tokens :]
                 finished.append(seq)
-            else:
-                self.block_manager.register_computed(seq)
+        # Once per sequence, its values all in: hash the blocks that filled up while their tokens were pending.
+        for seq in filled.values():
+            self.block_manager.register_computed(seq)
         if finished:
             for seq in finished:
                 self.block_manager.deallocate(seq)

@@ -79,9 +79,7 @@ class Actor:
     # -- batching ---------------------------------------------------------------------------------------------------
 
     def mini_batches(self, batch: RolloutBatch) -> list[list[int]]:
-        """Contiguous runs of `ppo_mini_batch_size` prompts' samples (the last may be shorter)."""
-        size = self.config.ppo_mini_batch_size * self.rollout_n
-        return [list(range(s, min(s + size, len(batch)))) for s in range(0, len(batch), size)]
+        return mini_batches(batch, self.config.ppo_mini_batch_size * self.rollout_n)
 
     def needs_old_log_prob(self, batch: RolloutBatch) -> bool:
         return len(self.mini_batches(batch)) > 1 or self.config.ppo_epochs > 1
@@ -98,16 +96,15 @@ class Actor:
     def micro_batches(self, batch: RolloutBatch, rows: list[int], grouped: bool = False) -> list[list[int]]:
         """Index lists into `rows`' samples: by token budget (`use_dynamic_bsz`; whole prompt groups, each costing
         its prompt once, when `grouped`) or by count."""
-        if self.config.use_dynamic_bsz:
-            budget = self.config.ppo_max_token_len_per_gpu
-            if grouped:
-                prompts = [batch.samples[r].prompt_token_ids for r in rows]
-                parts = prefix_grouped_micro_batches(prompts, [batch.response_lengths[r] for r in rows], budget)
-            else:
-                parts = token_budget_micro_batches([batch.total_lengths[r] for r in rows], budget)
-        else:
-            parts = fixed_micro_batches(len(rows), self.config.ppo_micro_batch_size_per_gpu or len(rows))
-        return [[rows[i] for i in part] for part in parts]
+        cfg = self.config
+        if grouped and cfg.use_dynamic_bsz:
+            prompts = [batch.samples[r].prompt_token_ids for r in rows]
+            budget = cfg.ppo_max_token_len_per_gpu
+            parts = prefix_grouped_micro_batches(prompts, [batch.response_lengths[r] for r in rows], budget)
+            return [[rows[i] for i in part] for part in parts]
+        return micro_batches(
+            batch, rows, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu, cfg.ppo_micro_batch_size_per_gpu
+        )
 
     @staticmethod
     def _computed_tokens(batch: RolloutBatch, rows: list[int], grouped: bool) -> int:
@@ -121,9 +118,7 @@ class Actor:
     # -- forward ----------------------------------------------------------------------------------------------------
 
     def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.device.type == "cuda" and self.compute_dtype is not None:
-            return torch.autocast("cuda", dtype=self.compute_dtype)
-        return contextlib.nullcontext()
+        return autocast(self.device, self.compute_dtype)
 
     def forward(
         self,
@@ -307,3 +302,29 @@ class Actor:
             metrics["actor/kl_loss"] = totals["kl_loss"].item()
         metrics.update({key: value.item() for key, value in totals.items() if key.startswith("rollout_corr/")})
         return metrics
+
+
+# -- shared with the critic -------------------------------------------------------------------------------------------
+
+
+def mini_batches(batch: RolloutBatch, size: int) -> list[list[int]]:
+    """Contiguous runs of `size` samples (`ppo_mini_batch_size` prompts × n; the last may be shorter)."""
+    return [list(range(s, min(s + size, len(batch)))) for s in range(0, len(batch), size)]
+
+
+def micro_batches(
+    batch: RolloutBatch, rows: list[int], use_dynamic_bsz: bool, max_token_len: int, micro_batch_size: int | None
+) -> list[list[int]]:
+    """Index lists into `rows`' samples: by token budget (`use_dynamic_bsz`) or by count (None = all of them)."""
+    if use_dynamic_bsz:
+        parts = token_budget_micro_batches([batch.total_lengths[r] for r in rows], max_token_len)
+    else:
+        parts = fixed_micro_batches(len(rows), micro_batch_size or len(rows))
+    return [[rows[i] for i in part] for part in parts]
+
+
+def autocast(device: torch.device, compute_dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    """Forward and backward under `compute_dtype` autocast on CUDA; a no-op elsewhere or without a dtype."""
+    if device.type == "cuda" and compute_dtype is not None:
+        return torch.autocast("cuda", dtype=compute_dtype)
+    return contextlib.nullcontext()

@@ -8,6 +8,7 @@ import torch
 
 from nonstop.config import NonstopConfig
 from nonstop.data import train_dataloader, val_dataloader
+from nonstop.models.critic_model import CriticModel, load_critic_model
 from nonstop.models.loading import load_model
 from nonstop.models.lora import AdaptersOff, LoraConfig, apply_lora, has_lora, select_target_modules
 from nonstop.models.tokenizer import load_tokenizer
@@ -51,6 +52,7 @@ def build_engine(config: NonstopConfig, model: torch.nn.Module, tokenizer, devic
         max_num_batched_tokens=rollout.max_num_batched_tokens,
         max_model_len=rollout.max_model_len or data.max_prompt_length + data.max_response_length,
         enforce_eager=rollout.enforce_eager,
+        num_scheduler_steps=rollout.num_scheduler_steps,
         enable_prefix_caching=rollout.enable_prefix_caching,
         seed=0 if data.seed is None else data.seed,
     )
@@ -98,6 +100,7 @@ def build_trainer(config: NonstopConfig, console: bool = True) -> SyncTrainer:
     if model_cfg.custom_chat_template:
         tokenizer.chat_template = model_cfg.custom_chat_template
     model.gradient_checkpointing = model_cfg.enable_gradient_checkpointing
+    critic_model = build_critic_model(config, model, device) if config.critic.enable else None
     llm = build_engine(config, model, tokenizer, device)
     add_lora_adapters(config, model)
     ref_model = reference_model(config, model)
@@ -116,7 +119,20 @@ def build_trainer(config: NonstopConfig, console: bool = True) -> SyncTrainer:
             compute_dtype=torch_dtype(actor_cfg.fsdp_config.dtype) if device.type == "cuda" else None,
             console=console,
             reward_model=reward_model,
+            critic_model=critic_model,
         )
     except BaseException:
         pool.close()
         raise
+
+
+def build_critic_model(config: NonstopConfig, policy: torch.nn.Module, device: torch.device) -> CriticModel:
+    """From `critic.model.path`, or (null) a copy of the already loaded policy's trunk; in `critic.model.fsdp_config.
+    model_dtype`."""
+    critic_cfg = config.critic.model
+    if critic_cfg.override_config:
+        raise ValueError("critic.model.override_config is not supported by the trainer yet")
+    dtype = torch_dtype(critic_cfg.fsdp_config.model_dtype)
+    if critic_cfg.path is None:
+        return CriticModel.from_policy(policy).to(dtype=dtype)
+    return load_critic_model(critic_cfg.path, dtype=dtype, device=device)

@@ -8,6 +8,8 @@ Layout (verl's names where verl has one):
     RUN_DIR/checkpoints/global_step_N/optimizer.safetensors  AdamW moments, flattened `state.<param>.<key>`
     RUN_DIR/checkpoints/global_step_N/rng.safetensors        torch CPU / CUDA generator states
     RUN_DIR/checkpoints/global_step_N/trainer_state.json     step, scheduler, data-loader positions, counters, RNGs
+    RUN_DIR/checkpoints/global_step_N/critic/                PPO only: the critic (`save_critic_model`) and its
+                                                             AdamW moments, `critic/optimizer.safetensors`
 
 A step directory is written under a temporary name and renamed into place, and the `latest` file is replaced
 atomically after that, so a crash mid-save leaves the previous checkpoint as the latest. Nothing is read back
@@ -29,6 +31,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from nonstop.models.critic_model import CriticModel, save_critic_model
 from nonstop.models.hf_loader import iter_safetensors, safetensors_files
 from nonstop.models.lora import has_lora
 from nonstop.models.peft_format import is_adapter_dir, load_adapter_weights, save_adapter
@@ -36,6 +39,7 @@ from nonstop.models.save import save_hf
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
+CRITIC_DIR = "critic"
 
 
 @dataclass
@@ -78,8 +82,11 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     tokenizer: Any = None,
     keep: int | None = None,
+    critic: tuple[CriticModel, torch.optim.Optimizer] | None = None,
+    critic_keep: int | None = None,
 ) -> Path:
-    """Write step `state.step` atomically and make it the latest; then keep only the newest `keep` steps."""
+    """Write step `state.step` atomically and make it the latest; then keep only the newest `keep` steps, and the
+    critic of only the newest `critic_keep` (`trainer.max_critic_ckpt_to_keep`)."""
     root.mkdir(parents=True, exist_ok=True)
     final = step_dir(root, state.step)
     tmp = root / f".tmp-{final.name}"
@@ -93,6 +100,12 @@ def save_checkpoint(
     tensors, groups = _flatten_optimizer(optimizer)
     save_file(tensors, tmp / "optimizer.safetensors")
     save_file(_rng_tensors(), tmp / "rng.safetensors")
+    critic_groups = None
+    if critic is not None:
+        critic_model, critic_optimizer = critic
+        save_critic_model(critic_model, tmp / CRITIC_DIR)
+        tensors, critic_groups = _flatten_optimizer(critic_optimizer)
+        save_file(tensors, tmp / CRITIC_DIR / "optimizer.safetensors")
     trainer_state = {
         "step": state.step,
         "scheduler": state.scheduler,
@@ -100,6 +113,7 @@ def save_checkpoint(
         "val_loader": state.val_loader,
         "extra": state.extra,
         "optimizer_param_groups": groups,
+        "critic_optimizer_param_groups": critic_groups,
         "python_random": _python_rng_state(),
         "numpy_random": _numpy_rng_state(),
     }
@@ -115,17 +129,27 @@ def save_checkpoint(
     shutil.rmtree(old, ignore_errors=True)
     if keep is not None:
         prune_checkpoints(root, keep, state.step)
+    if critic is not None and critic_keep is not None:
+        prune_checkpoints(root, critic_keep, state.step, part=CRITIC_DIR)
     return final
 
 
-def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> TrainingState:
-    """Restore weights and optimizer in place and the global RNGs; returns the rest for the trainer to apply."""
+def load_checkpoint(
+    path: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    critic: tuple[CriticModel, torch.optim.Optimizer] | None = None,
+) -> TrainingState:
+    """Restore weights and optimizer (and the critic's) in place and the global RNGs; returns the rest for the
+    trainer to apply."""
     path = Path(path)
     trainer_state = json.loads((path / "trainer_state.json").read_text())
     _load_actor(path, model)
     optimizer.load_state_dict(
         _unflatten_optimizer(load_file(path / "optimizer.safetensors"), trainer_state["optimizer_param_groups"])
     )
+    if critic is not None:
+        _load_critic(path, trainer_state, *critic)
     _restore_rngs(load_file(path / "rng.safetensors"), trainer_state)
     return TrainingState(
         step=trainer_state["step"],
@@ -156,15 +180,17 @@ def _load_actor(path: Path, model: torch.nn.Module) -> None:
             param.copy_(weights[name])
 
 
-def prune_checkpoints(root: Path, keep: int, current: int) -> None:
-    """Keep `current` and the newest `keep - 1` steps before it. Steps after `current` (left by an earlier, longer
-    run in the same directory) are not counted and not touched: deleting by step number alone could delete the
-    checkpoint just saved."""
+def prune_checkpoints(root: Path, keep: int, current: int, part: str | None = None) -> None:
+    """Keep `current` and the newest `keep - 1` steps before it (or, with `part`, only that subdirectory of theirs).
+    Steps after `current` (left by an earlier, longer run in the same directory) are not counted and not touched:
+    deleting by step number alone could delete the checkpoint just saved."""
     older = sorted(
-        int(m.group(1)) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and int(m.group(1)) < current
+        int(m.group(1))
+        for p in root.iterdir()
+        if (m := STEP_DIR.match(p.name)) and int(m.group(1)) < current and (part is None or (p / part).is_dir())
     )
     for step in older[: max(0, len(older) - (keep - 1))]:
-        shutil.rmtree(step_dir(root, step))
+        shutil.rmtree(step_dir(root, step) if part is None else step_dir(root, step) / part)
 
 
 # -- pieces -----------------------------------------------------------------------------------------------------------
@@ -174,6 +200,20 @@ def _write_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(f".tmp-{path.name}")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def _load_critic(
+    path: Path, trainer_state: dict[str, Any], critic: CriticModel, optimizer: torch.optim.Optimizer
+) -> None:
+    critic_dir = path / CRITIC_DIR
+    if not critic_dir.is_dir() or trainer_state.get("critic_optimizer_param_groups") is None:
+        raise ValueError(
+            f"checkpoint {path} has no critic: it was saved without one, or trainer.max_critic_ckpt_to_keep pruned it"
+        )
+    with torch.no_grad():
+        critic.load_state_dict(dict(iter_safetensors(safetensors_files(critic_dir))))  # copies into the parameters
+    tensors = load_file(critic_dir / "optimizer.safetensors")
+    optimizer.load_state_dict(_unflatten_optimizer(tensors, trainer_state["critic_optimizer_param_groups"]))
 
 
 def _flatten_optimizer(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:

@@ -28,6 +28,7 @@ from torch import Tensor
 from nonstop.algos import compute_advantage, outcome_token_rewards
 from nonstop.config import NonstopConfig, config_to_yaml
 from nonstop.data import TokenizedPrompt
+from nonstop.models.critic_model import CriticModel
 from nonstop.models.lora import engine_weights
 from nonstop.profiling import PhaseRecorder, RunProfiler
 from nonstop.rewards import RewardPool
@@ -42,14 +43,24 @@ from nonstop.trainer.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from nonstop.trainer.critic import Critic, value_metrics
 from nonstop.trainer.dynamic_sampling import GroupCollector, metric_values
 from nonstop.trainer.loggers import build_sinks
 from nonstop.trainer.metrics import MetricsLog, data_metrics, model_flops_metrics
 from nonstop.trainer.plots import plot_curves
 from nonstop.trainer.rollout_batch import RolloutBatch, Sample, generate_rollouts
 
-# Estimators that need only outcome scores and groups; gae needs a critic, which this loop does not train yet.
-OUTCOME_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+# Estimators the loop can feed: outcome scores and groups, plus the critic's values for gae (remax's greedy baseline
+# pass does not exist yet).
+SUPPORTED_ESTIMATORS = (
+    "grpo",
+    "rloo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "opo",
+    "grpo_passk",
+    "gae",
+)
 PROBE_PROMPTS, PROBE_TOKENS = 2, 16  # the weight-sync probe: a few sampled tokens of the first step's first prompts
 
 
@@ -67,17 +78,19 @@ class SyncTrainer:
         compute_dtype: torch.dtype | None = None,
         console: bool = True,
         reward_model: RewardModel | None = None,
+        critic_model: CriticModel | None = None,
     ):
         """`train_loader` / `val_loader` hand out `TokenizedPrompt` lists from `next_batch()` (a
         `PromptDataLoader`; `state_dict()` / `load_state_dict()` when present are checkpointed); `tokenizer` needs
         `decode(ids, skip_special_tokens=True)`. `ref_model` is the frozen reference, required when
         `actor.use_kl_loss`. `compute_dtype`: autocast dtype of the update on CUDA. `reward_model`: scores every
-        sample, replacing or added to the rule score per `reward_model.combine`."""
+        sample, replacing or added to the rule score per `reward_model.combine`. `critic_model`: the value model when
+        `critic.enable` (None = a copy of the policy with a zero value head)."""
         algorithm, arr = config.algorithm, config.actor_rollout_ref
-        if algorithm.adv_estimator not in OUTCOME_ESTIMATORS:
+        if algorithm.adv_estimator not in SUPPORTED_ESTIMATORS:
             raise ValueError(
                 f"algorithm.adv_estimator={algorithm.adv_estimator!r} is not supported by the sync trainer yet; "
-                f"use one of {list(OUTCOME_ESTIMATORS)}"
+                f"use one of {list(SUPPORTED_ESTIMATORS)}"
             )
         if algorithm.use_kl_in_reward:
             raise ValueError(
@@ -107,6 +120,11 @@ class SyncTrainer:
             compute_dtype,
             rollout_correction=algorithm.rollout_correction,
         )
+        self.critic = None
+        if config.critic.enable:
+            critic_model = critic_model or CriticModel.from_policy(model)
+            critic_model.gradient_checkpointing = config.critic.model.enable_gradient_checkpointing
+            self.critic = Critic(critic_model, config.critic, rollout.n, self.total_steps, compute_dtype)
         self.seed = 0 if config.data.seed is None else config.data.seed
         self.shares_weights = llm.model is model
         self.free_cache_engine = rollout.free_cache_engine and device.type == "cuda"
@@ -180,6 +198,7 @@ class SyncTrainer:
         metrics.update(self.profiler.last.metrics)
         metrics.setdefault("timing_s/old_log_prob", 0.0)
         metrics.setdefault("timing_s/ref", 0.0)
+        metrics.setdefault("timing_s/update_actor", 0.0)  # critic warm-up steps
         step_s = metrics["timing_s/step"]
         metrics["perf/time_per_step"] = step_s
         metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / max(step_s, 1e-9)
@@ -199,33 +218,50 @@ class SyncTrainer:
         if cfg.actor_rollout_ref.actor.use_kl_loss:
             with rec("ref"):
                 ref_log_prob_BL = self.actor.compute_log_prob(batch, model=self.ref_model)
+        values = {}
+        if self.critic is not None:
+            with rec("values"):
+                values["values"] = self.critic.compute_values(batch).to(mask_BL.device)
         with rec("adv"):
-            advantages_BL, _ = compute_advantage(
+            advantages_BL, returns_BL = compute_advantage(
                 cfg.algorithm.adv_estimator,
                 token_level_rewards=outcome_token_rewards(scores_B, mask_BL),
                 response_mask=mask_BL,
                 index=batch.uids,
                 norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
                 gamma=cfg.algorithm.gamma,
+                lam=cfg.algorithm.lam,
+                **values,
             )
-        skipped_before = self.actor.skipped_steps
-        with rec("update_actor") as span:
-            actor_metrics = self.actor.update(
-                batch, advantages_BL, old_log_prob_BL, ref_log_prob_BL, rollout_log_prob_BL=batch.rollout_log_prob()
-            )
-            span.tokens = tokens * cfg.actor_rollout_ref.actor.ppo_epochs
-        with rec("update_weights"):
-            self._sync_weights()
-        self.nonfinite_streak = self.nonfinite_streak + 1 if self.actor.skipped_steps > skipped_before else 0
         metrics = data_metrics(batch, scores_B, advantages_BL, mask_BL)
-        metrics.update(actor_metrics)
+        if self.critic is not None:
+            metrics.update(value_metrics(values["values"], returns_BL, mask_BL))
+            with rec("update_critic") as span:
+                metrics.update(self.critic.update(batch, values["values"], returns_BL))
+                span.tokens = tokens * cfg.critic.ppo_epochs
+        if step > cfg.trainer.critic_warmup:  # the first critic_warmup steps train only the critic
+            skipped_before = self.actor.skipped_steps
+            with rec("update_actor") as span:
+                metrics.update(
+                    self.actor.update(
+                        batch,
+                        advantages_BL,
+                        old_log_prob_BL,
+                        ref_log_prob_BL,
+                        rollout_log_prob_BL=batch.rollout_log_prob(),
+                    )
+                )
+                span.tokens = tokens * cfg.actor_rollout_ref.actor.ppo_epochs
+            with rec("update_weights"):
+                self._sync_weights()
+            self.nonfinite_streak = self.nonfinite_streak + 1 if self.actor.skipped_steps > skipped_before else 0
         metrics.update(self.reward_pool.pop_metrics())
         metrics.update(extra)
         metrics["perf/total_num_tokens"] = float(tokens)
         flops = {
             "prompt_tokens": sum(len(s.prompt_token_ids) for s in batch.samples),
             "response_tokens": sum(batch.response_lengths),
-            "trained_passes": cfg.actor_rollout_ref.actor.ppo_epochs,
+            "trained_passes": cfg.actor_rollout_ref.actor.ppo_epochs if step > cfg.trainer.critic_warmup else 0,
             "extra_forward_passes": int(old_log_prob_BL is not None) + int(ref_log_prob_BL is not None),
         }
         return metrics, flops
@@ -335,8 +371,22 @@ class SyncTrainer:
                 "probe_prompts": self.probe_prompts,
             },
         )
-        keep = self.config.trainer.max_actor_ckpt_to_keep
-        return save_checkpoint(self.ckpt_root, state, self.model, self.actor.optimizer, self.tokenizer, keep)
+        critic = None
+        if self.critic is not None:
+            critic = (self.critic.model, self.critic.optimizer)
+            state.extra["critic_scheduler"] = self.critic.scheduler.state_dict()
+            state.extra["critic_skipped_steps"] = self.critic.skipped_steps
+        trainer_cfg = self.config.trainer
+        return save_checkpoint(
+            self.ckpt_root,
+            state,
+            self.model,
+            self.actor.optimizer,
+            self.tokenizer,
+            trainer_cfg.max_actor_ckpt_to_keep,
+            critic=critic,
+            critic_keep=trainer_cfg.max_critic_ckpt_to_keep,
+        )
 
     def _train_loader_state(self, step: int) -> dict[str, Any] | None:
         """The loader position after the batches of steps 1..step."""
@@ -355,8 +405,12 @@ class SyncTrainer:
             path = latest_checkpoint(self.ckpt_root)
             if path is None:
                 return None
-        state = load_checkpoint(path, self.model, self.actor.optimizer)
+        critic = None if self.critic is None else (self.critic.model, self.critic.optimizer)
+        state = load_checkpoint(path, self.model, self.actor.optimizer, critic=critic)
         self.actor.scheduler.load_state_dict(state.scheduler)
+        if self.critic is not None:
+            self.critic.scheduler.load_state_dict(state.extra["critic_scheduler"])
+            self.critic.skipped_steps = state.extra["critic_skipped_steps"]
         for loader, saved in ((self.train_loader, state.train_loader), (self.val_loader, state.val_loader)):
             if saved is not None and loader is not None:
                 loader.load_state_dict(saved)

@@ -1,0 +1,152 @@
+"""The critic of PPO (`algorithm.adv_estimator=gae`): a values pass before the advantages and a value-loss update after
+them, batched exactly like the actor (packed sequences, `ppo_mini_batch_size` mini-batches × `ppo_epochs`, micro-
+batches by count or by token budget via the actor's own helpers), as verl's `DataParallelPPOCritic`.
+
+The value of response token t is read from the hidden state one position to its left, the state in which token t was
+chosen: the same `predict_index_R` the actor scores log-probs from (verl's `values[:, -response_length - 1 : -1]`).
+
+Every micro-batch loss is normalised by its mini-batch's token / sequence count, so the accumulated gradient is the
+mini-batch's whatever the split. Metrics use verl's keys: `critic/vf_loss`, `critic/vf_clipfrac`, `critic/vpred_mean`,
+`critic/grad_norm`, `critic/lr`; `value_metrics` adds `critic/values/*`, `critic/returns/*` and
+`critic/vf_explained_var` from the values pass.
+
+Legend: B samples of the step, L padded response width, b samples of one micro-batch, T packed tokens, R response
+tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from nonstop.algos import compute_value_loss, explained_variance
+from nonstop.config.critic import CriticConfig
+from nonstop.kernels.dispatch import fused_kernels
+from nonstop.models.critic_model import CriticModel
+from nonstop.train import pack_sequences
+from nonstop.trainer.actor import autocast, micro_batches, mini_batches
+from nonstop.trainer.lr_schedule import lr_factor
+from nonstop.trainer.rollout_batch import RolloutBatch
+
+
+class Critic:
+    def __init__(
+        self,
+        model: CriticModel,
+        config: CriticConfig,
+        rollout_n: int,
+        total_steps: int,
+        compute_dtype: torch.dtype | None = None,
+    ):
+        """`config` is a resolved `critic.*` section (its "null = the actor's" keys filled by `NonstopConfig`)."""
+        self.model, self.config, self.rollout_n, self.compute_dtype = model, config, rollout_n, compute_dtype
+        self.device = next(model.parameters()).device
+        optim = config.optim
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=optim.lr,
+            betas=tuple(optim.betas),
+            weight_decay=optim.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(optim, total_steps))
+        self.skipped_steps = 0
+
+    def forward(self, batch: RolloutBatch, rows: list[int], width: int) -> Tensor:
+        """Values of every response token of `rows`, `[b, width]` fp32 (zero on padding)."""
+        packed = pack_sequences(
+            [(batch.samples[r].prompt_token_ids, batch.samples[r].response_token_ids) for r in rows], self.device
+        )
+        with autocast(self.device, self.compute_dtype):
+            hidden_TD = self.model(packed.input_ids_T, packed.positions_T, packed.attention())
+            values_R = self.model.values(hidden_TD[packed.predict_index_R])
+        return packed.to_padded(values_R, width)
+
+    @torch.no_grad()
+    def compute_values(self, batch: RolloutBatch) -> Tensor:
+        """`[B, L]` values under the current weights (the `values` phase), micro-batched by
+        `forward_micro_batch_size_per_gpu` / `forward_max_token_len_per_gpu`. Fused kernels off, as for the actor's
+        old log-probs, so the first update's predictions equal these values bit for bit."""
+        cfg = self.config
+        width = batch.response_mask().shape[1]
+        values_BL = torch.zeros(len(batch), width, device=self.device)
+        self.model.eval()
+        parts = micro_batches(
+            batch,
+            list(range(len(batch))),
+            cfg.use_dynamic_bsz,
+            cfg.forward_max_token_len_per_gpu,
+            cfg.forward_micro_batch_size_per_gpu,
+        )
+        with fused_kernels(False):
+            for rows in parts:
+                values_BL[rows] = self.forward(batch, rows, width)
+        return values_BL
+
+    def update(self, batch: RolloutBatch, values_BL: Tensor, returns_BL: Tensor) -> dict[str, float]:
+        """`ppo_epochs` passes of clipped value-loss steps over the mini-batches, then one scheduler step."""
+        cfg = self.config
+        mask_BL = batch.response_mask().to(self.device)
+        values_BL, returns_BL = values_BL.to(self.device), returns_BL.to(self.device)
+        lr = self.optimizer.param_groups[0]["lr"]
+        sums: dict[str, float] = {}
+        num_updates = 0
+        self.model.train()
+        for _ in range(cfg.ppo_epochs):
+            for mini in mini_batches(batch, cfg.ppo_mini_batch_size * self.rollout_n):
+                for key, value in self._mini_batch_step(batch, mini, mask_BL, values_BL, returns_BL).items():
+                    sums[key] = sums.get(key, 0.0) + value
+                num_updates += 1
+        self.scheduler.step()
+        metrics = {key: value / num_updates for key, value in sums.items()}
+        metrics["critic/lr"] = lr
+        metrics["critic/skipped_steps"] = float(self.skipped_steps)
+        return metrics
+
+    def _mini_batch_step(
+        self, batch: RolloutBatch, mini: list[int], mask_BL: Tensor, values_BL: Tensor, returns_BL: Tensor
+    ) -> dict[str, float]:
+        cfg = self.config
+        width = mask_BL.shape[1]
+        info = {"batch_num_tokens": mask_BL[mini].sum(), "global_batch_size": len(mini)}
+        totals = {k: torch.zeros((), device=self.device) for k in ("vf_loss", "vf_clipfrac", "vpred_mean")}
+        parts = micro_batches(
+            batch, mini, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu, cfg.ppo_micro_batch_size_per_gpu
+        )
+        for rows in parts:
+            mask_bL = mask_BL[rows]
+            vpreds_bL = self.forward(batch, rows, width)
+            vf_loss, vf_clipfrac = compute_value_loss(
+                vpreds_bL,
+                returns_BL[rows],
+                values_BL[rows],
+                mask_bL,
+                cfg.cliprange_value,
+                cfg.loss_agg_mode,
+                global_batch_info=info,
+            )
+            vf_loss.backward()
+            share = mask_bL.sum() / info["batch_num_tokens"]  # token share: micro means into the mini-batch mean
+            totals["vf_loss"] += vf_loss.detach()
+            totals["vf_clipfrac"] += vf_clipfrac * share
+            totals["vpred_mean"] += (vpreds_bL.detach() * mask_bL).sum() / info["batch_num_tokens"]
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        if bool(torch.isfinite(grad_norm) & torch.isfinite(totals["vf_loss"])):  # one host sync per mini-batch
+            self.optimizer.step()
+        else:
+            self.skipped_steps += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics = {f"critic/{key}": value.item() for key, value in totals.items()}
+        metrics["critic/grad_norm"] = grad_norm.item()
+        return metrics
+
+
+def value_metrics(values_BL: Tensor, returns_BL: Tensor, mask_BL: Tensor) -> dict[str, float]:
+    """verl's data metrics of a critic run, over the valid response tokens of the step."""
+    valid = mask_BL.bool().cpu()
+    if not valid.any():
+        return {}
+    values_N, returns_N = values_BL.cpu()[valid], returns_BL.cpu()[valid]
+    metrics = {"critic/vf_explained_var": explained_variance(values_N, returns_N).item()}
+    for name, x_N in (("values", values_N), ("returns", returns_N)):
+        metrics.update({f"critic/{name}/{stat}": getattr(x_N, stat)().item() for stat in ("mean", "max", "min")})
+    return metrics
