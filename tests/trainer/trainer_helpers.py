@@ -15,7 +15,7 @@ from nonstop.rewards import RewardPool
 from nonstop.rewards.reward_model import RewardModel
 from nonstop.rollout import LLM
 from nonstop.trainer import SyncTrainer
-from nonstop.trainer.build import TRAINERS, build_engine
+from nonstop.trainer.build import TRAINERS, add_lora_adapters, build_engine, reference_model
 
 TARGET_TOKEN = 7
 VOCAB = 32
@@ -117,17 +117,19 @@ def make_trainer(
     torch.manual_seed(seed)
     model = tiny_model(seed).to(device)
     tokenizer = IdTokenizer()
+    lora = config.actor_rollout_ref.model.lora_rank > 0
     if device == "cuda":
         llm = build_engine(config, model, tokenizer, torch.device(device))
     else:
         llm = LLM(
-            copy.deepcopy(model) if engine_copy or config.trainer.mode != "sync" else model,
+            copy.deepcopy(model) if engine_copy or lora or config.trainer.mode != "sync" else model,
             tokenizer=tokenizer,
             device="cpu",
             max_model_len=16,
             num_kv_blocks=64,
             seed=seed,
         )
+    add_lora_adapters(config, model)  # after the engine copy, as build_trainer does
     if shard:
         shard_model(model, config.actor_rollout_ref.actor.fsdp_config, torch.device(device), torch.float32)
     return TRAINERS[config.trainer.mode](
@@ -138,7 +140,7 @@ def make_trainer(
         FixedPrompts(config.data.gen_batch_size, seed),
         RewardPool(reward_fn, num_workers=0),
         val_loader=FixedPrompts(8, seed + 100, num_batches=1) if validate else None,
-        ref_model=copy.deepcopy(model).requires_grad_(False) if config.actor_rollout_ref.actor.use_kl_loss else None,
+        ref_model=reference_model(config, model),
         compute_dtype=torch.bfloat16 if device == "cuda" else None,
         console=False,
         reward_model=RewardModel.from_config(config.reward_model, model_device(model))

@@ -8,6 +8,7 @@ import importlib
 # name -> module with `main(argv) -> int`; imported lazily so `nonstop --help` stays fast.
 BENCHMARKS = {
     "decode-attention": "nonstop.bench.decode_attention",
+    "lora": "nonstop.bench.lora",
     "modes": "nonstop.bench.modes",
     "engine-host": "nonstop.bench.engine_host",
     "phases": "nonstop.bench.phases",

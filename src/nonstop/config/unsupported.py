@@ -37,6 +37,7 @@ def _prefixes(key: str) -> list[str]:
 
 _NO_TP = "nonstop's engine holds a whole model per GPU; more GPUs give data-parallel rollout (trainer.n_gpus_per_node)"
 _FSDP = "nonstop trains with FSDP2 (fully_shard) across ranks (plain torch on one rank); no other strategy exists"
+_CRITIC_LORA = "LoRA applies to the policy only (actor_rollout_ref.model.lora_rank); the critic trains all weights"
 _ULYSSES = "sequence parallelism is not implemented; lower actor_rollout_ref.actor.ppo_max_token_len_per_gpu instead"
 _OFFLOAD = (
     "use *.fsdp_config.param_offload / optimizer_offload, more GPUs, a lower ppo_micro_batch_size_per_gpu or gradient "
@@ -79,9 +80,10 @@ RULES: tuple[Unsupported, ...] = (
     Unsupported("actor_rollout_ref.model.fused_kernel_options", _FUSED, ANY),
     Unsupported("actor_rollout_ref.model.use_liger", _FUSED, (False,)),
     Unsupported("*.use_torch_compile", "nonstop compiles only where it measured a gain", ANY),
-    Unsupported("*.model.lora_rank", "LoRA is not implemented; nonstop trains all weights", (0,)),
-    Unsupported("*.model.lora_alpha", "LoRA is not implemented", ANY),
-    Unsupported("*.model.target_modules", "LoRA is not implemented", ANY),
+    Unsupported("critic.model.lora_rank", _CRITIC_LORA, (0,)),
+    Unsupported("critic.model.lora_alpha", _CRITIC_LORA, ANY),
+    Unsupported("critic.model.target_modules", _CRITIC_LORA, ANY),
+    Unsupported("*.model.lora_adapter_path", "starting from a saved adapter is not implemented", (None,)),
     Unsupported(
         "*.model.trust_remote_code", "nonstop runs its own Llama/Qwen2/Qwen3 definition, never remote code", (False,)
     ),

@@ -12,6 +12,7 @@ from nonstop.dist import DistInfo, current, init_process_group
 from nonstop.dist.fsdp import shard_model
 from nonstop.models.critic_model import CriticModel, load_critic_model
 from nonstop.models.loading import load_model
+from nonstop.models.lora import AdaptersOff, LoraConfig, apply_lora, has_lora, select_target_modules
 from nonstop.models.tokenizer import load_tokenizer
 from nonstop.rewards import RewardPool
 from nonstop.rewards.reward_model import RewardModel
@@ -38,10 +39,12 @@ def build_engine(config: NonstopConfig, model: torch.nn.Module, tokenizer, devic
     """On CUDA the engine holds a copy in `rollout.dtype` that `LLM.update_weights` refreshes after each step. On
     CPU, sync mode runs the trainer's fp32 model itself (no copy, no sync); the overlap modes need a copy there too
     (an fp32 one), since the engine generates while the optimizer changes the trainer's weights; so do several ranks
-    (the trainer's parameters are FSDP shards, each rank's engine a whole model)."""
+    (the trainer's parameters are FSDP shards, each rank's engine a whole model). With LoRA the engine always holds a
+    plain copy (call this before `add_lora_adapters`) that receives merged weights."""
     rollout, data = config.actor_rollout_ref.rollout, config.data
     engine_model = model
-    if device.type == "cuda" or config.trainer.mode != "sync" or current().distributed:
+    lora = config.actor_rollout_ref.model.lora_rank > 0
+    if device.type == "cuda" or config.trainer.mode != "sync" or current().distributed or lora:
         dtype = torch_dtype(rollout.dtype) if device.type == "cuda" else next(model.parameters()).dtype
         engine_model = copy.deepcopy(model).to(dtype=dtype)
         engine_model.requires_grad_(False)
@@ -59,6 +62,32 @@ def build_engine(config: NonstopConfig, model: torch.nn.Module, tokenizer, devic
     )
 
 
+def add_lora_adapters(config: NonstopConfig, model: torch.nn.Module) -> None:
+    """With `model.lora_rank > 0`: freeze `model` and give its target linears adapters (models/lora.py)."""
+    model_cfg = config.actor_rollout_ref.model
+    if model_cfg.lora_rank == 0:
+        return
+    targets = select_target_modules(model, model_cfg.target_modules, model_cfg.exclude_modules)
+    lora = LoraConfig(
+        r=model_cfg.lora_rank,
+        lora_alpha=model_cfg.lora_alpha,
+        lora_dropout=model_cfg.lora_dropout,
+        target_modules=targets,
+        base_model_name_or_path=model_cfg.path,
+    )
+    apply_lora(model, lora)
+
+
+def reference_model(config: NonstopConfig, model: torch.nn.Module) -> torch.nn.Module | AdaptersOff | None:
+    """The frozen reference of the KL loss: with LoRA the policy itself with its adapters off (no second model in
+    memory), else a copy of the initial weights; None without a KL loss."""
+    if not config.actor_rollout_ref.actor.use_kl_loss:
+        return None
+    if has_lora(model):
+        return AdaptersOff(model)
+    return copy.deepcopy(model).requires_grad_(False).eval()
+
+
 TRAINERS = {"sync": SyncTrainer, "one_step_off": OneStepOffTrainer, "async": AsyncTrainer}
 
 
@@ -70,6 +99,8 @@ def check_data_parallel(config: NonstopConfig, info: DistInfo) -> None:
         raise ValueError(f"trainer.mode={config.trainer.mode!r} runs on one rank only so far; use trainer.mode=sync")
     if config.algorithm.filter_groups.enable:
         raise ValueError("algorithm.filter_groups runs on one rank only so far")
+    if config.actor_rollout_ref.model.lora_rank > 0:
+        raise ValueError("LoRA (actor_rollout_ref.model.lora_rank > 0) runs on one rank only so far")
     if config.algorithm.adv_estimator == "gae" or config.critic.enable is True:
         raise ValueError(
             "a critic (algorithm.adv_estimator=gae) runs on one rank only so far: its update is not sharded yet"
@@ -98,11 +129,10 @@ def build_trainer(config: NonstopConfig, console: bool = True) -> SyncTrainer:
     if model_cfg.custom_chat_template:
         tokenizer.chat_template = model_cfg.custom_chat_template
     model.gradient_checkpointing = model_cfg.enable_gradient_checkpointing
-    ref_model = None
-    if actor_cfg.use_kl_loss:
-        ref_model = copy.deepcopy(model).requires_grad_(False).eval()
     critic_model = build_critic_model(config, model, device) if config.critic.enable else None
     llm = build_engine(config, model, tokenizer, device)
+    add_lora_adapters(config, model)
+    ref_model = reference_model(config, model)
     compute_dtype = torch_dtype(actor_cfg.fsdp_config.dtype)
     if current().distributed:  # after the engine's copy: it holds the whole model
         shard_model(model, actor_cfg.fsdp_config, device, compute_dtype)

@@ -3,7 +3,8 @@
 Layout (verl's names where verl has one):
 
     RUN_DIR/checkpoints/latest_checkpointed_iteration.txt   the newest complete step, written last
-    RUN_DIR/checkpoints/global_step_N/actor/                 HF model directory (config.json + safetensors)
+    RUN_DIR/checkpoints/global_step_N/actor/                 HF model directory (config.json + safetensors), or
+                                                             with LoRA a PEFT adapter directory (the base is frozen)
     RUN_DIR/checkpoints/global_step_N/optimizer.safetensors  AdamW moments, flattened `state.<param>.<key>`
     RUN_DIR/checkpoints/global_step_N/rng.safetensors        torch CPU / CUDA generator states
     RUN_DIR/checkpoints/global_step_N/trainer_state.json     step, scheduler, data-loader positions, counters, RNGs
@@ -39,6 +40,8 @@ from nonstop.dist.checkpoint import SHARDED_DIR, load_sharded, save_sharded
 from nonstop.dist.fsdp import is_sharded
 from nonstop.models.critic_model import CriticModel, save_critic_model
 from nonstop.models.hf_loader import iter_safetensors, safetensors_files
+from nonstop.models.lora import has_lora
+from nonstop.models.peft_format import is_adapter_dir, load_adapter_weights, save_adapter
 from nonstop.models.save import save_hf
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
@@ -105,7 +108,11 @@ def save_checkpoint(
         save_sharded(tmp / SHARDED_DIR, model, optimizer)
         barrier()  # every shard written before rank 0 renames the directory
     else:
-        save_hf(model, tmp / "actor", tokenizer=tokenizer if hasattr(tokenizer, "save_pretrained") else None)
+        hf_tokenizer = tokenizer if hasattr(tokenizer, "save_pretrained") else None
+        if has_lora(model):
+            save_adapter(model, tmp / "actor", tokenizer=hf_tokenizer)  # the frozen base is the model's path
+        else:
+            save_hf(model, tmp / "actor", tokenizer=hf_tokenizer)
         tensors, groups = _flatten_optimizer(optimizer)
         save_file(tensors, tmp / "optimizer.safetensors")
     if rank_zero:
@@ -191,15 +198,30 @@ def _load_unsharded(
 ) -> None:
     if is_sharded(model):
         raise ValueError(f"checkpoint {path} was saved on one rank; resuming it on several is not supported yet")
-    weights = dict(iter_safetensors(safetensors_files(path / "actor")))
+    _load_actor(path, model)
+    optimizer.load_state_dict(
+        _unflatten_optimizer(load_file(path / "optimizer.safetensors"), trainer_state["optimizer_param_groups"])
+    )
+
+
+def _load_actor(path: Path, model: torch.nn.Module) -> None:
+    """The trained weights back into `model`: its adapters for a LoRA model, else every parameter."""
+    actor = path / "actor"
+    if has_lora(model) != is_adapter_dir(actor):
+        saved = "a LoRA adapter" if is_adapter_dir(actor) else "full weights"
+        raise ValueError(
+            f"checkpoint {path} holds {saved}, but actor_rollout_ref.model.lora_rank is "
+            f"{model.lora_config.r if has_lora(model) else 0}; resume with the settings it was trained with"
+        )
+    if has_lora(model):
+        load_adapter_weights(model, actor)
+        return
+    weights = dict(iter_safetensors(safetensors_files(actor)))
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name not in weights:
                 raise ValueError(f"checkpoint {path} has no tensor {name!r}; was it saved from another model?")
             param.copy_(weights[name])
-    optimizer.load_state_dict(
-        _unflatten_optimizer(load_file(path / "optimizer.safetensors"), trainer_state["optimizer_param_groups"])
-    )
 
 
 def prune_checkpoints(root: Path, keep: int, current: int, part: str | None = None) -> None:

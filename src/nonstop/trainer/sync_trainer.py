@@ -38,6 +38,7 @@ from nonstop.dist.collectives import all_gather_objects, reduce_metrics
 from nonstop.dist.data_parallel import balance_batch, rank_share
 from nonstop.dist.fsdp import full_named_parameters
 from nonstop.models.critic_model import CriticModel
+from nonstop.models.lora import engine_weights, has_lora
 from nonstop.profiling import PhaseRecorder, RunProfiler
 from nonstop.rewards import RewardPool
 from nonstop.rewards.overlong import overlong_penalties
@@ -531,7 +532,10 @@ class SyncTrainer:
         if self.shares_weights:
             self.llm.reset_prefix_cache()  # same tensors: only KV cached under the old weights is stale
         else:
-            self.llm.update_weights(full_named_parameters(self.model))  # one parameter gathered at a time
+            # Under LoRA the adapted weights merged (W + (alpha / r) B A); else every parameter, each gathered from
+            # its shards one at a time on several ranks.
+            lora = has_lora(self.model)
+            self.llm.update_weights(engine_weights(self.model) if lora else full_named_parameters(self.model))
 
 
 def sampling_params(section: Any, max_tokens: int, ignore_eos: bool = False) -> SamplingParams:
