@@ -8,6 +8,7 @@ import importlib
 # name -> module with `main(argv) -> int`; imported lazily so `nonstop --help` stays fast.
 BENCHMARKS = {
     "decode-attention": "nonstop.bench.decode_attention",
+    "logprob": "nonstop.bench.logprob",
     "modes": "nonstop.bench.modes",
     "phases": "nonstop.bench.phases",
     "prefix": "nonstop.bench.prefix",
