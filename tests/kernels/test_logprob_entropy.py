@@ -185,3 +185,34 @@ def test_chunked_fused_equals_torch_path_on_cuda(compute_entropy: bool):
         assert out.dtype == torch.float32, name
         # dz rounds to bf16 at the same place on both paths; rare one-ulp differences pass through the bf16 matmuls.
         torch.testing.assert_close(out, ref, rtol=2e-2, atol=1e-3 * ref.abs().max().item(), msg=name)
+
+
+def test_kernels_compile_for_hopper_with_vector_loads():
+    """The interpreter runs Python, not the compiler: compile both kernels for sm_90 (no GPU needed) and check that
+    rows whose length and stride are multiples of 16 (V = 151,936) are read with 128-bit loads."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from nonstop.kernels import logprob_entropy_triton as kernels
+
+    aligned = [["tt.divisibility", 16]]
+    forward = {"logits_ptr": "*bf16", "target_ptr": "*i64", "lse_ptr": "*fp32", "logprob_ptr": "*fp32"}
+    forward |= {"entropy_ptr": "*fp32", "stride_row": "i32", "V": "i32", "inv_temperature": "fp32"}
+    backward = {"logits_ptr": "*bf16", "grad_logits_ptr": "*bf16", "target_ptr": "*i64", "lse_ptr": "*fp32"}
+    backward |= {"entropy_ptr": "*fp32", "grad_logprob_ptr": "*fp32", "grad_entropy_ptr": "*fp32"}
+    backward |= {"stride_logits_row": "i32", "stride_grad_row": "i32", "V": "i32", "inv_temperature": "fp32"}
+    cases = [
+        (kernels._logprob_entropy_kernel, forward, {"COMPUTE_ENTROPY": True, "BLOCK_V": 2048}),
+        (kernels._logprob_entropy_grad_kernel, backward, {"HAS_GRAD_LOGPROB": True, "HAS_GRAD_ENTROPY": True}),
+    ]
+    for fn, signature, constexprs in cases:
+        constexprs = {"BLOCK_V": 2048, **constexprs}
+        source = ASTSource(
+            fn=fn,
+            signature=signature | dict.fromkeys(constexprs, "constexpr"),
+            constexprs=constexprs,
+            attrs={(i,): aligned for i in range(len(signature) - 1)},
+        )
+        ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8}).asm["ptx"]
+        assert "ld.global.v4.b32" in ptx, f"{fn.__name__}: the logits are not read with 128-bit loads"

@@ -25,7 +25,7 @@ import triton.language as tl
 from torch import Tensor
 
 # The smallest finite fp32: a lane's starting max. Finite so that the first rescale is exp(-huge) * 0 = 0, not NaN.
-_LOWEST = -3.4028234663852886e38
+_LOWEST = tl.constexpr(-3.4028234663852886e38)
 
 
 @triton.jit
