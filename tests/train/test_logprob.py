@@ -143,7 +143,7 @@ def test_saved_memory_is_a_fraction_of_full():
     hidden, weight, target, _, _ = make_inputs(7, T, D, V)
     chunked = saved_bytes(lambda h, w, t: chunked_logprobs_and_entropy(h, w, t, chunk_size=256), hidden, weight, target)
     full = saved_bytes(full_logprobs_and_entropy, hidden, weight, target)
-    # Chunked keeps hidden + weight + target + per-token lse; full keeps several [T, V] fp32 tensors.
-    assert chunked == (T * D + V * D) * 4 + T * 8 + T * 4
+    # Chunked keeps hidden + weight + target + per-token lse and entropy; full keeps several [T, V] fp32 tensors.
+    assert chunked == (T * D + V * D) * 4 + T * 8 + 2 * T * 4
     assert full >= 2 * T * V * 4
     assert chunked < full / 4

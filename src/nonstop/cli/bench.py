@@ -9,6 +9,7 @@ import importlib
 BENCHMARKS = {
     "decode-attention": "nonstop.bench.decode_attention",
     "lora": "nonstop.bench.lora",
+    "logprob": "nonstop.bench.logprob",
     "modes": "nonstop.bench.modes",
     "engine-host": "nonstop.bench.engine_host",
     "phases": "nonstop.bench.phases",

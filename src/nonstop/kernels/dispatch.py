@@ -1,9 +1,11 @@
 """When the model's fused Triton kernels (RMSNorm, SiLU-and-mul, rotary) replace their plain PyTorch references, and
-when fused projection GEMMs replace the separate ones.
+when fused projection GEMMs replace the separate ones; and when the training log-prob's softmax math is fused.
 
-Only for inference on CUDA: the kernels have no backward, so anything under autograd (training, gradient
-checkpointing) keeps the plain ops, and CPU runs the references. The decision reads only the tensor's device and
-dtype and the grad mode, never its values, so it is fixed at CUDA-graph capture like every other launch choice.
+The model's kernels are for inference on CUDA only: they have no backward, so anything under autograd (training,
+gradient checkpointing) keeps the plain ops, and CPU runs the references. The log-prob kernels come as a forward and
+backward pair inside their own autograd function, so they run under autograd too. The decision reads only the
+tensor's device and dtype and the grad mode, never its values, so it is fixed at CUDA-graph capture like every other
+launch choice.
 """
 
 from __future__ import annotations
@@ -28,9 +30,16 @@ def use_fused_projections() -> bool:
     return _enabled and not torch.is_grad_enabled()
 
 
+def use_fused_logprob(x: Tensor, matmul_dtype: torch.dtype) -> bool:
+    """Whether `ChunkedLogProb` computes lse, log-prob, entropy and the logit gradient with the Triton kernels: on
+    CUDA when the logits are 16-bit (the fp32 matmul keeps the fp32 reference end to end), unless
+    `fused_kernels(False)`."""
+    return _enabled and x.is_cuda and matmul_dtype in (torch.float16, torch.bfloat16)
+
+
 @contextmanager
 def fused_kernels(enabled: bool) -> Iterator[None]:
-    """`with fused_kernels(False):` runs the references on CUDA too, to compare a forward against the plain path."""
+    """`with fused_kernels(False):` runs the references on CUDA too, to compare against the plain path."""
     global _enabled
     previous, _enabled = _enabled, enabled
     try:

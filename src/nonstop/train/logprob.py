@@ -2,15 +2,19 @@
 
 With a 151,936-entry vocabulary, fp32 logits cost 0.6 MB per token, and autograd through `log_softmax` keeps
 several such tensors alive until backward. `ChunkedLogProb` projects C tokens at a time, keeps only the per-token
-log-sum-exp, and recomputes each chunk's logits in backward, so what waits for backward is O(T) plus the inputs
-themselves; the transient peak is O(C × V).
+log-sum-exp and entropy, and recomputes each chunk's logits in backward, so what waits for backward is O(T) plus the
+inputs themselves; the transient peak is O(C × V).
 
 The three `[C, D] x [D, V]` matmuls per chunk (logits, and in backward the recomputed logits and both gradients)
 run in `matmul_dtype`: fp32 by default, the autocast dtype when called under CUDA autocast. Everything after the
 matmul (log-softmax, entropy, the logit gradient) is fp32, and the weight gradient is accumulated in fp32 across
-chunks. The matmul dtype matters for speed: with a 151,936-entry vocabulary and a 0.5B model these matmuls are a
-third of the update's FLOPs, and in fp32 (no tensor cores) they took most of its time on an H200. Rounding the
-logits to bf16 is what verl and TRL do as well (their lm_head runs in bf16).
+chunks. On CUDA with 16-bit logits that math is two Triton kernels (`kernels/logprob_entropy_triton.py`: one read of
+the logits in forward, one read and write in backward, in place of an fp32 copy and eight elementwise passes); the
+plain-PyTorch reference (`kernels/logprob_entropy.py`) runs on CPU and under `fused_kernels(False)`.
+
+The matmul dtype matters for speed: with a 151,936-entry vocabulary and a 0.5B model these matmuls are a third of the
+update's FLOPs, and in fp32 (no tensor cores) they took most of its time on an H200. Rounding the logits to bf16 is
+what verl and TRL do as well (their lm_head runs in bf16).
 
 Legend: T tokens, C tokens in one chunk, D hidden size, V vocabulary.
 """
@@ -20,21 +24,25 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-
-def _chunk_log_softmax(h_CD: Tensor, w_VD: Tensor, temperature: float, lse_C: Tensor | None = None):
-    """log_softmax of one chunk's logits (a `w_VD.dtype` matmul, fp32 from there on), computed in place, and its
-    log-sum-exp."""
-    logp_CV = (h_CD.to(w_VD.dtype) @ w_VD.T).float()
-    logp_CV.div_(temperature)
-    if lse_C is None:
-        lse_C = torch.logsumexp(logp_CV, dim=-1)
-    return logp_CV.sub_(lse_C[:, None]), lse_C
+from nonstop.kernels.dispatch import use_fused_logprob
+from nonstop.kernels.logprob_entropy import logprob_entropy_grad_reference, logprob_entropy_reference
 
 
-def _entropy(p_CV: Tensor, logp_CV: Tensor) -> Tensor:
-    # -sum p log p, not lse - E_p[z]: the latter cancels catastrophically when one token dominates. A batched dot
-    # product, so no [C, V] product is materialised.
-    return -(p_CV.unsqueeze(1) @ logp_CV.unsqueeze(2)).view(-1)
+def _chunk_logprob_entropy(logits_CV: Tensor, target_C: Tensor, temperature: float, compute_entropy: bool, fused: bool):
+    if fused:
+        from nonstop.kernels.logprob_entropy_triton import logprob_entropy_triton
+
+        return logprob_entropy_triton(logits_CV, target_C, temperature, compute_entropy)
+    return logprob_entropy_reference(logits_CV, target_C, temperature, compute_entropy)
+
+
+def _chunk_grad_logits(logits_CV: Tensor, *stats_and_grads, temperature: float, fused: bool) -> Tensor:
+    """d loss / d logits in the logits' (the matmul's) dtype; the fused kernel writes it over the logits."""
+    if fused:
+        from nonstop.kernels.logprob_entropy_triton import logprob_entropy_grad_triton
+
+        return logprob_entropy_grad_triton(logits_CV, *stats_and_grads, temperature, out_CV=logits_CV)
+    return logprob_entropy_grad_reference(logits_CV, *stats_and_grads, temperature).to(logits_CV.dtype)
 
 
 class ChunkedLogProb(torch.autograd.Function):
@@ -42,17 +50,21 @@ class ChunkedLogProb(torch.autograd.Function):
     def forward(ctx, hidden_TD, weight_VD, target_T, temperature, chunk_size, compute_entropy, matmul_dtype):
         T = hidden_TD.shape[0]
         w_VD = weight_VD.to(matmul_dtype)
+        # Decided once: backward must take the same path, whatever `fused_kernels` says by then.
+        fused = use_fused_logprob(hidden_TD, matmul_dtype)
         logprob_T = torch.empty(T, dtype=torch.float32, device=hidden_TD.device)
         lse_T = torch.empty_like(logprob_T)
         entropy_T = torch.empty_like(logprob_T) if compute_entropy else logprob_T.new_empty(0)
         for s in range(0, T, chunk_size):
             e = min(s + chunk_size, T)
-            logp_CV, lse_T[s:e] = _chunk_log_softmax(hidden_TD[s:e], w_VD, temperature)
-            logprob_T[s:e] = logp_CV.gather(1, target_T[s:e, None]).squeeze(1)
+            logits_CV = hidden_TD[s:e].to(matmul_dtype) @ w_VD.T
+            lse_T[s:e], logprob_T[s:e], entropy_C = _chunk_logprob_entropy(
+                logits_CV, target_T[s:e], temperature, compute_entropy, fused
+            )
             if compute_entropy:
-                entropy_T[s:e] = _entropy(logp_CV.exp(), logp_CV)
-        ctx.save_for_backward(hidden_TD, weight_VD, target_T, lse_T)
-        ctx.temperature, ctx.chunk_size, ctx.matmul_dtype = temperature, chunk_size, matmul_dtype
+                entropy_T[s:e] = entropy_C
+        ctx.save_for_backward(hidden_TD, weight_VD, target_T, lse_T, entropy_T)
+        ctx.temperature, ctx.chunk_size, ctx.matmul_dtype, ctx.fused = temperature, chunk_size, matmul_dtype, fused
         ctx.set_materialize_grads(False)
         if not compute_entropy:
             ctx.mark_non_differentiable(entropy_T)
@@ -65,37 +77,34 @@ class ChunkedLogProb(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, grad_logprob_T, grad_entropy_T):
-        hidden_TD, weight_VD, target_T, lse_T = ctx.saved_tensors
+        hidden_TD, weight_VD, target_T, lse_T, entropy_T = ctx.saved_tensors
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if (grad_logprob_T is None and grad_entropy_T is None) or not (need_h or need_w):
             return None, None, None, None, None, None, None
-        T, tau, md = hidden_TD.shape[0], ctx.temperature, ctx.matmul_dtype
+        T, md = hidden_TD.shape[0], ctx.matmul_dtype
         w_VD = weight_VD.to(md)
+        grads = [g if g is None else g.float().contiguous() for g in (grad_logprob_T, grad_entropy_T)]
         grad_h_TD = torch.empty(hidden_TD.shape, dtype=torch.float32, device=hidden_TD.device) if need_h else None
         grad_w32_VD = torch.zeros(weight_VD.shape, dtype=torch.float32, device=weight_VD.device) if need_w else None
         for s in range(0, T, ctx.chunk_size):
             e = min(s + ctx.chunk_size, T)
             h_CD = hidden_TD[s:e].to(md)
-            logp_CV, _ = _chunk_log_softmax(h_CD, w_VD, tau, lse_T[s:e])
-            p_CV = logp_CV.exp()
-            # With z = logits / tau:  d logprob / dz = onehot(target) - p,  d entropy / dz_j = -p_j (log p_j + H).
-            # dz overwrites logp's buffer, so a chunk holds two [C, V] tensors.
-            if grad_entropy_T is not None:
-                entropy_C1 = _entropy(p_CV, logp_CV)[:, None]
-                dz_CV = logp_CV.add_(entropy_C1).mul_(p_CV).mul_(-grad_entropy_T[s:e, None])
-            else:
-                dz_CV = logp_CV.zero_()
-            if grad_logprob_T is not None:
-                g_C1 = grad_logprob_T[s:e, None]
-                dz_CV.addcmul_(p_CV, g_C1, value=-1).scatter_add_(1, target_T[s:e, None], g_C1)
-            del p_CV
-            dz_CV = dz_CV.div_(tau).to(md)
+            dz_CV = _chunk_grad_logits(
+                h_CD @ w_VD.T,
+                target_T[s:e],
+                lse_T[s:e],
+                entropy_T[s:e] if grads[1] is not None else None,
+                *(g if g is None else g[s:e] for g in grads),
+                temperature=ctx.temperature,
+                fused=ctx.fused,
+            )
             if need_h:
                 grad_h_TD[s:e] = dz_CV @ w_VD
             if need_w:
                 if md == torch.float32:
                     grad_w32_VD.addmm_(dz_CV.T, h_CD)
                 else:
+                    # The chunk's product is rounded to the matmul dtype; the sum over chunks stays fp32.
                     grad_w32_VD += dz_CV.T @ h_CD
         grad_h = grad_h_TD.to(hidden_TD.dtype) if need_h else None
         grad_w = grad_w32_VD.to(weight_VD.dtype) if need_w else None
