@@ -21,6 +21,11 @@ def test_kernel_busy_fraction_and_gaps_on_cuda(tmp_path):
     x = torch.randn(4096, 4096, device=device)
     for step in (1, 2):
         with profiler.step(step) as rec:
+            with rec("data"):
+                # NVML's utilization is the busy share of the driver's last sampling window (1/6 s to 1 s), so it
+                # lags: only an idle stretch longer than the window reads idle. First in the step: a gap is
+                # attributed to the phase it overlaps most, so this one must not run on from reward's.
+                time.sleep(1.2)
             with rec("gen"):
                 big = torch.empty(2**30, dtype=torch.uint8, device=device)  # 1 GiB peak inside gen only
                 for _ in range(200):
@@ -28,11 +33,7 @@ def test_kernel_busy_fraction_and_gaps_on_cuda(tmp_path):
                 torch.cuda.synchronize()
                 del big
             with rec("reward"):
-                time.sleep(0.05)  # the GPU idles: one gap of ~50 ms in reward
-            with rec("data"):
-                # NVML's utilization is the busy share of the driver's last sampling window (1/6 s to 1 s), so it
-                # lags: only an idle stretch longer than the window reads idle.
-                time.sleep(1.2)
+                time.sleep(0.05)  # the GPU idles: one gap of ~50 ms in reward, to the end of the step
     profiler.close()
     m = profiler.last.metrics
     assert m["perf/max_memory_allocated_gb/gen"] >= 1.0 > m["perf/max_memory_allocated_gb/reward"]

@@ -213,12 +213,16 @@ def test_multi_step_cuda_graphs_equal_eager_single_step_in_bf16():
     # eager engine one step per launch: greedy and seeded sampling, stops inside a launch, min_tokens, n > 1.
     _, model = cuda_model()
     prompts = random_prompts(LENGTHS, vocab=MEDIUM["vocab_size"])
+    eager = LLM(model, enforce_eager=True, num_scheduler_steps=1, num_kv_blocks=256, max_num_seqs=40)
+    # A random model rarely samples a fixed stop id: take one that greedy decoding of prompt 1 emits at position 4, so
+    # at least that sequence stops inside a launch (its min_tokens is 2).
+    greedy = eager.generate(prompts[1:2], SamplingParams(temperature=0.0, max_tokens=8))[0].outputs[0].token_ids
+    stop_ids = [greedy[4], 7]
     params = [
         SamplingParams(temperature=0.0 if i % 2 else 1.0, max_tokens=5 + 7 * i, min_tokens=2 * (i % 3),
-                       stop_token_ids=[7, 19], n=2 if i % 4 == 0 else 1, seed=i)
+                       stop_token_ids=stop_ids, n=2 if i % 4 == 0 else 1, seed=i)
         for i in range(len(prompts))
     ]  # fmt: skip
-    eager = LLM(model, enforce_eager=True, num_scheduler_steps=1, num_kv_blocks=256, max_num_seqs=40)
     expected = [c for o in eager.generate(prompts, params) for c in o.outputs]
     llm = LLM(model, num_scheduler_steps=8, num_kv_blocks=256, max_num_seqs=40)
     got = [c for o in llm.generate(prompts, params) for c in o.outputs]

@@ -480,9 +480,12 @@ class ModelRunner:
     def _stop_mask(self, plan: StepPlan) -> Tensor | None:
         if not plan.banned:
             return None
-        pairs = self._to_device(np.asarray(plan.banned, dtype=np.int64).T)
-        stop_mask = torch.zeros(plan.num_sample_rows, self.config.vocab_size, dtype=torch.bool, device=self.device)
-        stop_mask[pairs[0], pairs[1]] = True
+        V = self.config.vocab_size
+        flat = self._to_device(np.asarray([row * V + token for row, token in plan.banned], dtype=np.int64))
+        stop_mask = torch.zeros(plan.num_sample_rows, V, dtype=torch.bool, device=self.device)
+        # index_fill_ takes the value as a scalar argument; `mask[rows, tokens] = True` copies a host tensor(True) to
+        # the device, a synchronizing copy (the H200's sync debug mode caught it).
+        stop_mask.view(-1).index_fill_(0, flat, True)
         return stop_mask
 
     def _advance_decode_inputs(self, step: int, num_rows: int) -> None:
