@@ -50,7 +50,7 @@ class RolloutConfig:
     num_scheduler_steps: int | None = option(
         None,
         "(nonstop) Decode steps chained on the device per engine step when only decoding; null = 1. k > 1 is "
-        "experimental on CUDA: its GPU equality test failed on the H200 (docs/architecture.md)",
+        "experimental on CUDA: same outputs, but slower than k = 1 on the H200 so far (docs/architecture.md)",
     )
     free_cache_engine: bool = option(True, "Release the KV cache while training (sync mode), resume after")
     log_prob_micro_batch_size_per_gpu: int | None = option(
