@@ -129,3 +129,20 @@ def test_from_config_uses_the_resolved_save_path_and_no_sampler_on_cpu(tmp_path)
     profiler = RunProfiler.from_config(config.global_profiler, tmp_path, torch.device("cpu"))
     assert profiler.profile_dir == tmp_path / "profile" and profiler.sampler is None
     assert profiler.deep.wants(3) and not profiler.deep.wants(2)
+
+
+def test_a_step_that_raises_stops_its_trace_and_leaves_no_spans(tmp_path):
+    profiler = RunProfiler(tmp_path, torch.device("cpu"), tool="torch", steps=[1, 2])
+    with pytest.raises(RuntimeError, match="boom"):
+        with profiler.step(1) as rec:
+            with rec("gen"):
+                raise RuntimeError("boom")
+    assert not torch.autograd.profiler._is_profiler_enabled  # no profiler left running after the failed step
+    assert not list(tmp_path.glob("profile/*.trace.json.gz"))  # and nothing written for it
+    with profiler.step(2) as rec:
+        with rec("reward"):
+            torch.ones(8).sum()
+    assert {s.phase for s in profiler.last.spans} == {"step", "reward"}  # step 1's "gen" did not leak in
+    (analysis,) = profiler.deep.analyses
+    assert analysis["step"] == 2
+    profiler.close()

@@ -77,6 +77,15 @@ class DeepProfiler:
             self._profiler = profile(activities=activities)
             self._profiler.start()
 
+    def abort(self) -> None:
+        """Stop a trace that a step which raised left open, without writing it: a profiler left running would trace
+        (and slow) whatever the process does next, e.g. a caller that catches the error and goes on."""
+        if self.tool == "nsys" and torch.cuda.is_available():
+            torch.cuda.profiler.stop()
+        if self._profiler is not None:
+            self._profiler.stop()
+        self._profiler, self._records = None, []
+
     def end(self, step: int, record: StepRecord) -> list[TraceAnalysis]:
         """Call after the step's `PhaseRecorder.end_step()`; returns the analyses of the trace closed now, if any."""
         if not self.wants(step):

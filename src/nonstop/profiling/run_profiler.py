@@ -72,8 +72,13 @@ class RunProfiler:
     @contextmanager
     def step(self, step: int) -> Iterator[PhaseRecorder]:
         self.deep.begin(step)
-        with self.recorder(STEP):
-            yield self.recorder
+        try:
+            with self.recorder(STEP):
+                yield self.recorder
+        except BaseException:
+            self.deep.abort()
+            self.recorder.end_step()  # the failed step's spans must not land in the next step's books
+            raise
         record = self.last = self.recorder.end_step()
         self.num_steps += 1
         for span in record.spans:
