@@ -47,7 +47,7 @@ from nonstop.train import (
     split_to_count,
     token_budget_micro_batches,
 )
-from nonstop.trainer.lr_schedule import lr_factor
+from nonstop.trainer.lr_schedule import build_optimizer
 from nonstop.trainer.off_policy import behaviour_gap, rollout_is_weights
 from nonstop.trainer.rollout_batch import RolloutBatch
 
@@ -73,14 +73,7 @@ class Actor:
         self.compute_dtype, self.chunk_size = compute_dtype, logprob_chunk_size
         self.rollout_correction = rollout_correction or RolloutCorrectionConfig()
         self.device = next(model.parameters()).device
-        optim = config.optim
-        self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
-            lr=optim.lr,
-            betas=tuple(optim.betas),
-            weight_decay=optim.weight_decay,
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(optim, total_steps))
+        self.optimizer, self.scheduler = build_optimizer(model, config.optim, total_steps)
         self.loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
         self.skipped_steps = 0
         self._micro_batch_tokens: list[int] = []  # tokens of each micro-batch of the current update

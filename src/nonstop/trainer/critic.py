@@ -25,7 +25,7 @@ from nonstop.kernels.dispatch import fused_kernels
 from nonstop.models.critic_model import CriticModel
 from nonstop.train import pack_sequences
 from nonstop.trainer.actor import autocast, micro_batches, mini_batches
-from nonstop.trainer.lr_schedule import lr_factor
+from nonstop.trainer.lr_schedule import build_optimizer
 from nonstop.trainer.rollout_batch import RolloutBatch
 
 
@@ -41,14 +41,7 @@ class Critic:
         """`config` is a resolved `critic.*` section (its "null = the actor's" keys filled by `NonstopConfig`)."""
         self.model, self.config, self.rollout_n, self.compute_dtype = model, config, rollout_n, compute_dtype
         self.device = next(model.parameters()).device
-        optim = config.optim
-        self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
-            lr=optim.lr,
-            betas=tuple(optim.betas),
-            weight_decay=optim.weight_decay,
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(optim, total_steps))
+        self.optimizer, self.scheduler = build_optimizer(model, config.optim, total_steps)
         self.skipped_steps = 0
 
     def forward(self, batch: RolloutBatch, rows: list[int], width: int) -> Tensor:

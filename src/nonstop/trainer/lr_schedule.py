@@ -1,9 +1,12 @@
-"""The actor's learning-rate schedule: linear warm-up, then constant or cosine, as verl's `optim.*` keys mean."""
+"""AdamW and its learning-rate schedule (linear warm-up, then constant or cosine) as verl's `optim.*` keys mean them;
+the actor and the critic each build theirs here."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+
+import torch
 
 from nonstop.config.optim import OptimConfig
 
@@ -28,3 +31,16 @@ def lr_factor(optim: OptimConfig, total_steps: int) -> Callable[[int], float]:
         return max(0.0, optim.min_lr_ratio + (1.0 - optim.min_lr_ratio) * cosine)
 
     return factor
+
+
+def build_optimizer(
+    model: torch.nn.Module, optim: OptimConfig, total_steps: int
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over `model`'s trainable parameters and its `lr_factor` schedule."""
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=optim.lr,
+        betas=tuple(optim.betas),
+        weight_decay=optim.weight_decay,
+    )
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(optim, total_steps))
