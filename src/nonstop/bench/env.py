@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
 import platform
 import statistics
 import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
@@ -70,3 +74,15 @@ def write_result(path: str, payload: dict) -> None:
     with open(path, "w") as f:
         json.dump(payload, f, indent=1)
     print(f"wrote {path}")
+
+
+@contextlib.contextmanager
+def work_dir(path: str | None, name: str) -> Iterator[Path]:
+    """Where a benchmark writes its model, data and runs: `path` (created, kept) when given, else a temporary
+    directory removed afterwards."""
+    if path:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        yield Path(path)
+        return
+    with tempfile.TemporaryDirectory(prefix=f"nonstop-bench-{name}-") as tmp:
+        yield Path(tmp)

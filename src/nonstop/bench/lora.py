@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import tempfile
 import traceback
 from pathlib import Path
 from typing import Any
@@ -166,19 +165,14 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, model_cfg: ModelConfig | None = None) -> int:
     """`model_cfg` replaces `--shape` (the CPU test's tiny model)."""
     args = parser().parse_args(argv)
-    from nonstop.bench.env import default_result_path, environment, write_result
+    from nonstop.bench.env import default_result_path, environment, work_dir, write_result
     from nonstop.bench.shapes import model_config
 
     shape = args.shape if model_cfg is None else "custom"
     model_cfg = model_cfg or model_config(args.shape)
     env = environment()
-    if args.work_dir:
-        work = Path(args.work_dir)
-        work.mkdir(parents=True, exist_ok=True)
+    with work_dir(args.work_dir, "lora") as work:
         result = run(model_cfg, args, work)
-    else:
-        with tempfile.TemporaryDirectory(prefix="nonstop-bench-lora-") as tmp:
-            result = run(model_cfg, args, Path(tmp))
     print(
         f"\n{shape}: rank {args.rank}, alpha {args.alpha}, {args.target_modules}; {args.prompts} prompts x "
         f"{args.n} completions x {args.response_len} tokens; {env.get('gpu', 'cpu')}, torch {env['torch']}"

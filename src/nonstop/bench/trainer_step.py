@@ -23,7 +23,6 @@ import argparse
 import gc
 import json
 import statistics
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -403,7 +402,7 @@ def workload(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    from nonstop.bench.env import default_result_path, environment, write_result
+    from nonstop.bench.env import default_result_path, environment, work_dir, write_result
     from nonstop.bench.shapes import model_config
     from nonstop.dist import is_rank_zero
 
@@ -414,13 +413,8 @@ def main(argv: list[str] | None = None) -> int:
         import trl
 
         env["trl"], env["datasets"] = trl.__version__, datasets.__version__
-    if args.work_dir:
-        work = Path(args.work_dir)
-        work.mkdir(parents=True, exist_ok=True)
+    with work_dir(args.work_dir, "trainer") as work:
         result = run(model_cfg, args, work)
-    else:
-        with tempfile.TemporaryDirectory(prefix="nonstop-bench-trainer-") as tmp:
-            result = run(model_cfg, args, Path(tmp))
     print(
         f"\n{args.shape}: {args.prompts} prompts x {args.n} completions x {args.response_len} tokens (prompts "
         f"{args.prompt_len} tokens); {env.get('gpu', 'cpu')}, torch {env['torch']}, TRL {env.get('trl')}"
