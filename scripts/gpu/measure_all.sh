@@ -18,6 +18,7 @@ if [ "${PART:-1}" = 1 ]; then
   gpu_test t_trainer 120 tests/trainer/test_trainer_gpu.py tests/trainer/test_lora_trainer_gpu.py
   gpu_test t_async 60 tests/trainer/test_async_trainer_gpu.py tests/rewards/test_reward_model.py
   t b_trainer 150 python3 -m nonstop bench trainer --out "$OUT/trainer.json"
+  t b_logprob 40 python3 -m nonstop bench logprob --out "$OUT/logprob.json"
   t b_rollout 100 python3 -m nonstop bench rollout --shapes qwen2.5-0.5b --workloads fixed --out "$OUT/rollout.json"
 else
   t b_prefix 200 python3 -m nonstop bench prefix --models qwen2.5-1.5b,qwen3-1.7b --prompt-lens 4096 \
