@@ -367,7 +367,7 @@ class SyncTrainer:
             batch = self._generate(prompts, self.val_sampling_params, step, prefix, first_index=first)
             scores_B, extras = self._collect_scores(batch, prefix)
             for sample, score, extra in zip(batch.samples, scores_B.tolist(), extras, strict=True):
-                numeric = {k: v for k, v in extra.items() if isinstance(v, int | float) and k != "score"}
+                numeric = {k: v for k, v in extra.items() if isinstance(v, int | float)}  # "score" is never an extra
                 for key, value in {"score": score, **numeric}.items():
                     values.setdefault((sample.data_source, key), []).append(float(value))
         self.reward_pool.pop_metrics()  # validation scoring is not the step's reward work
