@@ -36,7 +36,7 @@ def expected_caches(k_TKE, v_TKE, k_cache_SKE, v_cache_SKE, slots_T):
 
 
 def check_strided(k_TKE: torch.Tensor) -> None:
-    assert len(k_TKE) == 1 or not k_TKE.is_contiguous(), "the test must feed the kernel strided views, as the engine does"
+    assert len(k_TKE) == 1 or not k_TKE.is_contiguous(), "the kernel must get strided views, as in the engine"
 
 
 # (T, H, K, E, S, dtype, cache dtype, negative slots)
