@@ -162,12 +162,16 @@ def test_triton_writes_every_element(dtype: torch.dtype, poisoned_outputs: None)
 
 
 @pytest.mark.gpu
-def test_triton_under_cuda_graph_follows_context_lens():
+@pytest.mark.parametrize(
+    ("num_seqs", "num_heads", "num_kv_heads", "head_dim"),
+    [(24, 16, 8, 128), (256, 14, 2, 64)],  # split-KV + reduce; one split written directly (the engine's batch 256)
+)
+def test_triton_under_cuda_graph_follows_context_lens(num_seqs: int, num_heads: int, num_kv_heads: int, head_dim: int):
     gen = torch.Generator().manual_seed(3)
-    lengths = random_lengths(gen, 24, 32, 1500)
-    inputs = make_paged_inputs(gen, lengths, 16, 8, 128, 32, torch.bfloat16, extra_blocks=40)
+    lengths = random_lengths(gen, num_seqs, 32, 1500)
+    inputs = make_paged_inputs(gen, lengths, num_heads, num_kv_heads, head_dim, 32, torch.bfloat16, extra_blocks=40)
     q, k_cache, v_cache, block_tables, context_lens = (t.cuda() for t in inputs[:5])
-    scale = 128**-0.5
+    scale = head_dim**-0.5
 
     # Capture at one set of lengths, replay at others (longer and shorter, each within the blocks it owns).
     def set_random_lengths(seed: int) -> None:
@@ -187,6 +191,47 @@ def test_triton_under_cuda_graph_follows_context_lens():
         graph.replay()
         ref = paged_decode_attention_reference(q, k_cache, v_cache, block_tables, context_lens, scale)
         assert relative_error(out, ref) <= 1e-2
+
+
+def test_num_splits_drop_to_one_once_the_batch_fills_the_gpu():
+    """Hand-computed on the H200's 132 SMs: splits aim at 4 programs per SM, capped by 128-token splits of the
+    block-table capacity, until (sequence, kv head) programs reach 2 per SM (264), where one split skips the reduce."""
+    from nonstop.kernels.paged_decode_triton import choose_num_splits
+
+    assert choose_num_splits(256, 2, 4096, 132) == 1  # Qwen2.5-0.5B at batch 256: 512 programs
+    assert choose_num_splits(132, 2, 4096, 132) == 1  # 264 programs: the threshold
+    assert choose_num_splits(131, 2, 4096, 132) == 3  # 262 programs: ceil(528 / 262)
+    assert choose_num_splits(8, 2, 4096, 132) == 32  # ceil(528 / 16) = 33, but 4096 tokens give 32 splits of 128
+    assert choose_num_splits(1, 8, 40960, 132) == 64  # the cap
+    assert choose_num_splits(64, 8, 4096, 132) == 1  # 512 programs (Qwen3-0.6B's 8 kv heads at batch 64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("num_seqs", "reduce_launches"), [(256, 0), (16, 1)])
+def test_default_splits_skip_the_reduce_at_full_batch(
+    num_seqs: int, reduce_launches: int, monkeypatch: pytest.MonkeyPatch, poisoned_outputs: None
+):
+    """The engine's decode shape (Qwen2.5-0.5B: 14 query heads, 2 kv heads, head dim 64) with the default split
+    count: batch 256 fills the H200 (one split, written directly), batch 16 splits and reduces; both match."""
+    from nonstop.kernels import paged_decode_triton
+
+    launches = []
+    reduce_kernel = paged_decode_triton._paged_decode_reduce_kernel
+
+    class CountingKernel:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return reduce_kernel[grid]
+
+    monkeypatch.setattr(paged_decode_triton, "_paged_decode_reduce_kernel", CountingKernel())
+    gen = torch.Generator().manual_seed(17 + num_seqs)
+    lengths = random_lengths(gen, num_seqs, 16, 1200)
+    inputs = make_paged_inputs(gen, lengths, 14, 2, 64, 16, torch.bfloat16)
+    q, k_cache, v_cache, block_tables, context_lens = (t.cuda() for t in inputs[:5])
+    out = paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, 0.125)
+    ref = paged_decode_attention_reference(q, k_cache, v_cache, block_tables, context_lens, 0.125)
+    assert len(launches) == reduce_launches
+    assert torch.isfinite(out).all() and relative_error(out, ref) <= 1e-2
 
 
 INTERPRETER_CASES = [

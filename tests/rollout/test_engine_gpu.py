@@ -33,6 +33,24 @@ def test_fp32_cuda_greedy_matches_transformers(model_type):
 
 
 @pytest.mark.gpu
+def test_fp32_cuda_graphs_at_full_batch_match_transformers():
+    """A decode batch that fills the GPU: its graph runs the single-split decode (no reduce launch), the one-launch
+    KV-cache write and the fused add + RMSNorm; every 10th sequence is checked against transformers' greedy."""
+    from nonstop.kernels.paged_decode_triton import choose_num_splits, num_sms
+
+    num_seqs = 192
+    assert choose_num_splits(num_seqs, MEDIUM["num_key_value_heads"], 1 << 16, num_sms(0)) == 1, "not a full batch"
+    reference, model = cuda_model("qwen2", dtype=torch.float32, seed=1)
+    lengths = torch.randint(1, 100, (num_seqs,), generator=torch.Generator().manual_seed(5)).tolist()
+    prompts = random_prompts(lengths, vocab=MEDIUM["vocab_size"], seed=5)
+    llm = LLM(model, block_size=16, num_kv_blocks=2048, max_num_seqs=num_seqs)
+    got = greedy_tokens(llm, prompts, max_tokens=16)
+    assert llm.llm_engine.model_runner.graphs.graphs  # decode really ran under graphs
+    for i in range(0, num_seqs, 10):
+        assert got[i] == hf_greedy(reference.float(), prompts[i], 16), f"sequence {i} (prompt length {lengths[i]})"
+
+
+@pytest.mark.gpu
 def test_bf16_cuda_graphs_equal_eager_and_logprobs_match_a_full_forward():
     _, model = cuda_model()
     prompts = random_prompts(LENGTHS, vocab=MEDIUM["vocab_size"])

@@ -26,6 +26,9 @@ from torch import Tensor
 
 # The split count aims for this many programs per SM when every sequence is at its longest.
 _PROGRAMS_PER_SM = 4
+# Once (sequence, kv head) programs alone give every SM this many, splitting only adds the reduce launch (a decode
+# step's third-largest small kernel at batch 256 on the H200) and the partials' round trip: one split.
+_SINGLE_SPLIT_PROGRAMS_PER_SM = 2
 # A split shorter than this many tokens costs more in partial writes and reduce reads than it hides.
 _MIN_TOKENS_PER_SPLIT = 128
 _MAX_SPLITS = 64
@@ -169,12 +172,15 @@ def num_sms(device_index: int) -> int:
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_tokens: int, sm_count: int) -> int:
-    """Splits per sequence, from shapes only: fill the GPU at small batch, one split once the batch fills it.
+    """Splits per sequence, from shapes only: fill the GPU at small batch, one split (no reduce launch) once the
+    batch fills it. A CUDA graph captures one batch-size bucket, so its split count is fixed for the bucket.
 
     `max_tokens` is the block-table capacity M * B, the longest any sequence can be, so no split is launched that
     could never get `_MIN_TOKENS_PER_SPLIT` tokens.
     """
     programs = num_seqs * num_kv_heads
+    if programs >= _SINGLE_SPLIT_PROGRAMS_PER_SM * sm_count:
+        return 1
     wanted = math.ceil(_PROGRAMS_PER_SM * sm_count / max(programs, 1))
     useful = math.ceil(max_tokens / _MIN_TOKENS_PER_SPLIT)
     return max(1, min(wanted, useful, _MAX_SPLITS))

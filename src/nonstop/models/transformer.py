@@ -11,6 +11,10 @@ shapes and Parameter objects stay what trainers and loaders know; a copy into `q
 buffer, so in-place weight updates keep working at unchanged addresses (CUDA graphs stay valid). Under autograd the
 separate projections run as always, so training is untouched.
 
+The residual stream follows vLLM: a layer takes the previous layer's MLP output and the residual stream it has not
+joined yet, and each norm adds the two before normalising (`RMSNorm.add_and_norm`), one Triton launch in CUDA
+inference where an add and a norm would be two; the final norm makes the last add.
+
 Legend: T packed tokens, D hidden size, I intermediate size, H query heads, K key/value heads, E head dim,
 V vocabulary.
 """
@@ -23,7 +27,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from nonstop.kernels.dispatch import use_fused_projections
-from nonstop.kernels.rms_norm import rms_norm
+from nonstop.kernels.rms_norm import fused_add_rms_norm, rms_norm
 from nonstop.kernels.rotary import apply_rotary_qk
 from nonstop.kernels.silu_mul import silu_and_mul
 from nonstop.models.attention import AttentionBackend
@@ -73,6 +77,12 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return rms_norm(x, self.weight, self.eps)
+
+    def add_and_norm(self, x_TD: Tensor, residual_TD: Tensor | None) -> tuple[Tensor, Tensor]:
+        """(norm(residual + x), residual + x); with no residual yet (the first layer), x starts the stream."""
+        if residual_TD is None:
+            return self(x_TD), x_TD
+        return fused_add_rms_norm(x_TD, residual_TD, self.weight, self.eps)
 
 
 class SelfAttention(nn.Module):
@@ -137,9 +147,14 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, h_TD: Tensor, cos_TE: Tensor, sin_TE: Tensor, attention: AttentionBackend) -> Tensor:
-        h_TD = h_TD + self.self_attn(self.input_layernorm(h_TD), cos_TE, sin_TE, attention)
-        return h_TD + self.mlp(self.post_attention_layernorm(h_TD))
+    def forward(
+        self, x_TD: Tensor, residual_TD: Tensor | None, cos_TE: Tensor, sin_TE: Tensor, attention: AttentionBackend
+    ) -> tuple[Tensor, Tensor]:
+        """(MLP output, residual stream without it): the stream is `residual_TD + x_TD` (`x_TD` alone if None)."""
+        x_TD, residual_TD = self.input_layernorm.add_and_norm(x_TD, residual_TD)
+        x_TD = self.self_attn(x_TD, cos_TE, sin_TE, attention)
+        x_TD, residual_TD = self.post_attention_layernorm.add_and_norm(x_TD, residual_TD)
+        return self.mlp(x_TD), residual_TD
 
 
 class DecoderModel(nn.Module):
@@ -159,14 +174,14 @@ class DecoderModel(nn.Module):
     ) -> Tensor:
         """Final-norm hidden states `[T, D]` for packed tokens: the trunk the policy's lm_head and the critic's value
         head both read."""
-        h_TD = self.embed_tokens(input_ids_T)
-        cos_TE, sin_TE = self.rotary_emb(positions_T, h_TD.dtype)
+        x_TD, residual_TD = self.embed_tokens(input_ids_T), None
+        cos_TE, sin_TE = self.rotary_emb(positions_T, x_TD.dtype)
         for layer in self.layers:
             if gradient_checkpointing and torch.is_grad_enabled():
-                h_TD = checkpoint(layer, h_TD, cos_TE, sin_TE, attention, use_reentrant=False)
+                x_TD, residual_TD = checkpoint(layer, x_TD, residual_TD, cos_TE, sin_TE, attention, use_reentrant=False)
             else:
-                h_TD = layer(h_TD, cos_TE, sin_TE, attention)
-        return self.norm(h_TD)
+                x_TD, residual_TD = layer(x_TD, residual_TD, cos_TE, sin_TE, attention)
+        return self.norm.add_and_norm(x_TD, residual_TD)[0]
 
 
 class CausalLM(nn.Module):

@@ -2,7 +2,8 @@
 
 A step's packed tokens come in two segments, prefill first: sequences computing several tokens (a prompt chunk,
 possibly extending a cached prefix or a recomputed preemption) and sequences computing one (decode). Each layer
-call writes the new k/v into the cache through `slot_mapping` (slot = block id * block size + offset), then
+call writes the new k/v into the cache through `slot_mapping` (slot = block id * block size + offset;
+`reshape_and_cache`, one Triton launch on CUDA), then
 - prefill: gathers each sequence's whole context (cached prefix + new tokens) back out of the cache and runs
   bottom-right causal attention — FlashAttention varlen on CUDA in bf16/fp16, the torch reference otherwise;
 - decode: `paged_decode_attention` reads K/V straight from the blocks (Triton split-KV kernel on CUDA).
@@ -22,6 +23,7 @@ import torch
 from torch import Tensor
 
 from nonstop.kernels.paged_decode import paged_decode_attention
+from nonstop.kernels.reshape_and_cache import reshape_and_cache
 from nonstop.models.attention import reference_causal_attention, use_fused_attention, varlen_causal_attention
 
 
@@ -50,8 +52,7 @@ class PagedAttention:
         k_cache_PBKE, v_cache_PBKE = self.k_caches[layer_idx], self.v_caches[layer_idx]
         K, E = k_cache_PBKE.shape[2:]
         k_flat, v_flat = k_cache_PBKE.view(-1, K, E), v_cache_PBKE.view(-1, K, E)
-        k_flat.index_copy_(0, md.slot_mapping_T, k_TKE.to(k_flat.dtype))
-        v_flat.index_copy_(0, md.slot_mapping_T, v_TKE.to(v_flat.dtype))
+        reshape_and_cache(k_TKE, v_TKE, k_flat, v_flat, md.slot_mapping_T)
 
         P = md.num_prefill_tokens
         if P == q_THE.shape[0]:
