@@ -1,5 +1,8 @@
 """Scheduler decisions without a model: fake sampled tokens are fed back through postprocess."""
 
+import random
+import zlib
+
 import pytest
 
 from nonstop.rollout.block_manager import BlockManager
@@ -114,3 +117,72 @@ def test_async_bookkeeping_stops_scheduling_at_max_tokens_and_hashes_blocks_once
     assert s.schedule().seqs == []  # output 1 is pending and is the last: nothing left to compute
     assert s.update(second.sampled, [6], [-1.0]) == [seq] and seq.finish_reason == "length"
     assert seq.output_token_ids == [5, 6]
+
+
+def _trace(fast_path: bool, k: int, async_lag: bool, budget: int, seed: int) -> tuple[list, list, int]:
+    """Drive a scheduler through a random workload (arrivals while others decode, n > 1, stops, EOS, min_tokens,
+    shared prefixes, a KV cache small enough to preempt) with deterministic fake tokens. Returns every step's batch
+    and every sample's outcome, named by request and sample index (sequence ids differ between runs), and how many
+    steps the decode-only pass scheduled."""
+    rng = random.Random(seed)
+    s = Scheduler(BlockManager(14, 4), 8, budget, eos_token_ids=[0], num_scheduler_steps=k)
+    general, fast_steps = s._schedule_decodes, [0]
+
+    def decodes():
+        batch = general() if fast_path else None
+        fast_steps[0] += bool(batch and batch.seqs)
+        return batch
+
+    s._schedule_decodes = decodes
+    arrivals = []
+    for i in range(12):
+        n = rng.choice([1, 1, 3])
+        params = SamplingParams(
+            n=n, max_tokens=rng.randint(2, 24), min_tokens=rng.choice([0, 2]), stop_token_ids=[3],
+            ignore_eos=rng.random() < 0.3,
+        )  # fmt: skip
+        prompt = [rng.randrange(1, 11) for _ in range(rng.randint(1, 11))]
+        if i % 4 == 1:
+            prompt = arrivals[0].prompt_token_ids[:8] + prompt  # a shared full-block prefix: prefix-cache hits
+        arrivals.append(Sequence(str(i), prompt, params, seed=0, num_samples=n))
+
+    def fill(result):  # the same token for the same sample and position, whatever the batch
+        rows = result.sampled
+        keys = (f"{q.request_id}/{q.sample_index}/{i}" for q, i in zip(rows.seqs, rows.index, strict=True))
+        ids = [zlib.crc32(key.encode()) % 12 for key in keys]
+        return s.update(rows, ids, [-0.5] * len(rows))
+
+    trace, finished, in_flight = [], [], None
+    for step in range(500):
+        for _ in range(2 if step % 4 == 0 else 0):  # arrivals, two at a time, while others decode
+            if arrivals:
+                s.add(arrivals.pop(0))
+        if s.is_finished() and not arrivals and in_flight is None:
+            break
+        batch = s.schedule()
+        trace.append((
+            [(q.request_id, q.sample_index) for q in batch.seqs], batch.num_new_tokens, batch.num_cached_tokens,
+            [max(t, -1) for t in batch.first_token_ids], batch.num_sample_rows, batch.num_steps,
+            [(list(q.block_table), list(q.block_hashes)) for q in batch.seqs], vars(s.stats).copy(), s.kv_blocked,
+        ))  # fmt: skip
+        result = s.advance(batch) if batch.seqs else None  # the engine launches nothing for an empty batch
+        if in_flight is not None:
+            finished += fill(in_flight)
+        in_flight = result if async_lag else None
+        if result is not None and not async_lag:
+            finished += fill(result)
+    assert s.is_finished() and s.block_manager.num_free_blocks == 14
+    samples = sorted((q.request_id, q.sample_index, q.output_token_ids, q.finish_reason) for q in finished)
+    return trace, samples, fast_steps[0]
+
+
+@pytest.mark.parametrize("k, async_lag, budget", [(1, True, 24), (1, False, 24), (4, True, 24), (1, True, 6)])
+def test_decode_only_pass_schedules_exactly_what_the_general_loop_does(k, async_lag, budget):
+    num_preemptions = 0
+    for seed in range(4):
+        trace, samples, fast_steps = _trace(True, k, async_lag, budget, seed)
+        expected_trace, expected_samples, _ = _trace(False, k, async_lag, budget, seed)
+        assert trace == expected_trace and samples == expected_samples
+        assert len(samples) >= 12 and fast_steps > 0 and {reason for *_, reason in samples} == {"stop", "length"}
+        num_preemptions += trace[-1][7]["num_preemptions"]
+    assert num_preemptions > 0

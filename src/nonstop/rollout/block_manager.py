@@ -90,10 +90,14 @@ class BlockManager:
                 block.hash, block.token_ids = h, tokens
                 self.hash_to_block_id[h] = block.block_id
 
-    def register_computed(self, seq: Sequence) -> None:
-        """Hash the blocks that filled up while their last token's value was pending (async scheduling)."""
-        if seq.num_cached_tokens // self.block_size > len(seq.block_hashes):
-            self._register_full_blocks(seq, seq.num_cached_tokens)
+    def register_computed(self, seqs: list[Sequence]) -> None:
+        """Hash the blocks that filled up while their last token's value was pending (async scheduling), in order."""
+        if not self.enable_prefix_caching:
+            return
+        B = self.block_size
+        for seq in seqs:
+            if seq.num_cached_tokens // B > len(seq.block_hashes):
+                self._register_full_blocks(seq, seq.num_cached_tokens)
 
     # -- allocation -------------------------------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from nonstop.rollout.metrics import StepLogEntry
 from nonstop.rollout.model_runner import ModelRunner, SampledStep
 from nonstop.rollout.outputs import CompletionOutput, RequestOutput
 from nonstop.rollout.sampling_params import SamplingParams
-from nonstop.rollout.scheduler import Scheduler, SchedulerStats
+from nonstop.rollout.scheduler import SampledRows, Scheduler, SchedulerStats
 from nonstop.rollout.sequence import Sequence
 
 
@@ -74,7 +74,7 @@ class _InFlight:
     """A launched step whose sampled tokens the host has not processed yet."""
 
     sampled: SampledStep
-    rows: list[tuple[Sequence, int]]  # per sample row: the sequence and the index of its placeholder
+    rows: SampledRows  # per sample row: the sequence and the index of its placeholder
 
 
 class LLMEngine:
@@ -207,7 +207,7 @@ class LLMEngine:
             self._process_in_flight()
         elapsed = time.perf_counter() - start  # async: about one device step once the pipeline is full
         self.step_log.append(StepLogEntry(elapsed, len(batch.seqs), self.scheduler.kv_blocked))
-        if any(n > 1 for n in batch.num_new_tokens):
+        if max(batch.num_new_tokens, default=0) > 1:
             self.scheduler.stats.prefill_time_s += elapsed
         else:
             self.scheduler.stats.decode_time_s += elapsed

@@ -33,6 +33,7 @@ byte budget and everything runs eagerly.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,6 +48,7 @@ from nonstop.rollout.scheduler import ScheduledBatch
 from nonstop.rollout.sequence import Sequence
 
 CPU_KV_CACHE_BYTES = 256 * 2**20
+_seq_id, _block_table = operator.attrgetter("seq_id"), operator.attrgetter("block_table")
 
 
 class SequenceRows:
@@ -64,7 +66,7 @@ class SequenceRows:
     def __init__(self, num_rows: int, max_blocks: int):
         self.block_tables = np.zeros((num_rows, max_blocks), dtype=np.int32)
         self.mirrored: list[list[int] | None] = [None] * num_rows  # the block_table list each row copies
-        self.num_blocks = [0] * num_rows  # how many of its entries are copied
+        self.num_blocks = np.zeros(num_rows, dtype=np.int64)  # how many of its entries are copied
         self.temperature = np.zeros(num_rows, dtype=np.float32)
         self.top_k = np.zeros(num_rows, dtype=np.int64)
         self.top_p = np.ones(num_rows, dtype=np.float32)
@@ -75,11 +77,31 @@ class SequenceRows:
         self.stop_token_ids: list[list[int]] = [[] for _ in range(num_rows)]
         self.row_of: dict[int, int] = {}  # seq_id -> row
         self.free_rows = list(range(num_rows - 1, -1, -1))
+        # The last sync's block-table lists, in batch order, and their rows.
+        self.synced_tables: list[list[int]] = []
+        self.synced_rows = np.zeros(0, dtype=np.int64)
 
     def sync(self, seqs: list[Sequence]) -> np.ndarray:
         """The rows of `seqs`, in order, with their block tables brought up to date."""
+        tables = list(map(_block_table, seqs))
+        if len(tables) != len(self.synced_tables) or not all(map(operator.is_, tables, self.synced_tables)):
+            self.synced_rows, self.synced_tables = self._remap(seqs), tables
+            return self.synced_rows
+        # The same block-table lists as the last sync, in the same order (decode steps where nobody finished or was
+        # admitted): the same sequences in the same rows, since a list belongs to one sequence and the BlockManager
+        # gives a sequence a new one whenever it leaves the running set; the lists can only have grown since.
+        rows_N = self.synced_rows
+        num_blocks_N = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
+        for i in np.flatnonzero(num_blocks_N != self.num_blocks[rows_N]).tolist():
+            row, table, done = rows_N[i], tables[i], self.num_blocks[rows_N[i]]
+            self.block_tables[row, done : len(table)] = table[done:]
+            self.num_blocks[row] = len(table)
+        return rows_N
+
+    def _remap(self, seqs: list[Sequence]) -> np.ndarray:
+        """Rows back from the sequences not in `seqs`, rows for the new ones, every row's block table checked."""
         row_of = self.row_of
-        for seq_id in row_of.keys() - {s.seq_id for s in seqs}:
+        for seq_id in row_of.keys() - set(map(_seq_id, seqs)):
             row = row_of.pop(seq_id)
             self.mirrored[row] = None
             self.free_rows.append(row)
@@ -122,6 +144,10 @@ class StepBuffers:
     block in practice: with async scheduling the engine has read step k's sampled ids (so step k, and its upload,
     are done) before it builds step k + 2. The device buffer is overwritten by the next step's copy only after this
     step's kernels, all on the same stream, have read it.
+
+    On CPU the device IS the host: the model reads the staging buffer it was given directly, with no copy (a memcpy
+    on the step's critical path where a GPU copies asynchronously). CPU ops are synchronous, so a staging buffer is
+    done with before it is filled again.
     """
 
     # prev_row: per decode row, the previous step's sample row whose id is its input (-1: input_ids holds it).
@@ -138,8 +164,9 @@ class StepBuffers:
         pinned = device.type == "cuda"
         self.staging = [torch.zeros(size, dtype=torch.int32, pin_memory=pinned) for _ in range(2)]
         self.host = [{k: v.numpy() for k, v in self._views(t).items()} for t in self.staging]
-        self.device_buffer = torch.zeros(size, dtype=torch.int32, device=device)
-        self.dev = self._views(self.device_buffer)
+        self.device_buffer = torch.zeros(size, dtype=torch.int32, device=device) if pinned else None
+        self.staging_views = None if pinned else [self._views(t) for t in self.staging]
+        self.dev = self._views(self.device_buffer) if pinned else self.staging_views[1]
         self.copied = [torch.cuda.Event() if pinned else None for _ in range(2)]
         self.current = 1
 
@@ -162,6 +189,9 @@ class StepBuffers:
 
     def upload(self, num_block_table_rows: int) -> dict[str, Tensor]:
         """One copy of the staging buffer's fields and its first block-table rows; returns the device views."""
+        if self.device_buffer is None:
+            self.dev = self.staging_views[self.current]
+            return self.dev
         n = self.header + num_block_table_rows * self.max_blocks
         self.device_buffer[:n].copy_(self.staging[self.current][:n], non_blocking=True)
         if self.copied[self.current] is not None:
@@ -384,11 +414,13 @@ class ModelRunner:
         """Fills the decode segment's metadata into the staging buffer (vectorised over the persistent block-table
         rows) and builds the prefill segment's on the host; prefill sequences are packed first."""
         B, seqs, num_new = self.block_size, batch.seqs, batch.num_new_tokens
-        prefill = [i for i, n in enumerate(num_new) if n > 1]
-        decode = [i for i, n in enumerate(num_new) if n == 1] if prefill else list(range(len(seqs)))
+        prefill_N = np.array(num_new, dtype=np.int64) > 1
+        prefill = np.flatnonzero(prefill_N).tolist()
+        decode = np.flatnonzero(~prefill_N) if prefill else slice(None)  # decode-only steps: the whole batch
         table_RM = self.rows.block_tables
-        plan = StepPlan(num_decode=len(decode), bucket=len(decode))
-        plan.cached_N = np.fromiter((s.num_cached_tokens for s in seqs), dtype=np.int64, count=len(seqs))
+        D = len(seqs) - len(prefill)
+        plan = StepPlan(num_decode=D, bucket=D)
+        plan.cached_N = np.array(batch.num_cached_tokens, dtype=np.int64)
         last_index = np.empty(len(seqs), dtype=np.int64)
         ids, positions, slots, context_slots, cu_q, cu_k = [], [], [], [], [0], [0]
         for i in prefill:
@@ -410,24 +442,26 @@ class ModelRunner:
             plan.prefill_positions, plan.prefill_slots = np.concatenate(positions), np.concatenate(slots)
             plan.context_slots = np.concatenate(context_slots) if plan.has_prefix else None
 
-        D = len(decode)
         if D:
             last_index[decode] = np.arange(plan.num_prefill_tokens, plan.num_prefill_tokens + D)
-            d_seqs = [seqs[i] for i in decode] if prefill else seqs
-            pos_D = plan.cached_N[decode] if prefill else plan.cached_N
+            pos_D = plan.cached_N[decode]
             row_D = rows_N[decode]
             # Multi-step decode: the later steps read the blocks of positions up to pos + num_steps - 1.
             last_D = pos_D + np.asarray(batch.num_steps, dtype=np.int64) - 1 if batch.num_steps else pos_D
             width = int(last_D.max()) // B + 1
-            ids_D = np.fromiter((s.token_ids[s.num_cached_tokens] for s in d_seqs), dtype=np.int64, count=D)
+            ids_D = np.array(batch.first_token_ids, dtype=np.int64)[decode]
             # A placeholder (a token the step in flight is still sampling, async scheduling) is read on the device
             # from that step's sample row: see `decode_input_ids`.
-            pending_D = ids_D < 0
-            host["input_ids"][:D] = np.where(pending_D, 0, ids_D)
-            host["prev_row"][:D] = np.where(pending_D, -1 - ids_D, -1)
+            # Written in place into the staging buffer: no temporaries beyond the gathers.
+            np.maximum(ids_D, 0, out=host["input_ids"][:D])
+            prev_row_D = host["prev_row"][:D]
+            np.subtract(-1, ids_D, out=prev_row_D)  # placeholder -> its sample row; known ids -> below -1
+            np.maximum(prev_row_D, -1, out=prev_row_D)
             host["positions"][:D] = pos_D
-            host["slot_mapping"][:D] = table_RM[row_D, pos_D // B].astype(np.int64) * B + pos_D % B
-            host["context_lens"][:D] = pos_D + 1
+            slot_D = host["slot_mapping"][:D]
+            np.multiply(table_RM[row_D, pos_D // B], B, out=slot_D, dtype=np.int64)
+            slot_D += pos_D % B
+            np.add(pos_D, 1, out=host["context_lens"][:D])
             host["num_steps"][:D] = batch.num_steps if batch.num_steps else 1
             host["block_tables"][:D, :width] = table_RM[row_D, :width]
             if not prefill and self.graphs is not None and self.graphs.fits(D):
@@ -444,36 +478,38 @@ class ModelRunner:
 
     def _sampling_inputs(self, batch: ScheduledBatch, host: dict[str, np.ndarray], rows_N: np.ndarray, plan: StepPlan):
         """Fills one staging row per sample drawn (a group parent draws num_samples), in batch order."""
-        seqs, n = batch.seqs, len(batch.seqs)
+        n = len(batch.seqs)
         end_N = plan.cached_N + np.asarray(batch.num_new_tokens, dtype=np.int64)
-        num_tokens_N = np.fromiter((len(s.token_ids) for s in seqs), dtype=np.int64, count=n)
-        num_samples_N = np.fromiter((s.num_samples for s in seqs), dtype=np.int64, count=n)
-        counts_N = np.where(end_N == num_tokens_N, num_samples_N, 0)
+        counts_N = np.array(batch.num_sample_rows, dtype=np.int64)
         num_rows = int(counts_N.sum())
         plan.num_sample_rows = num_rows
         if not num_rows:
             return
         assert num_rows <= self.max_num_seqs
-        src_S = np.repeat(np.arange(n), counts_N)
-        first_S = np.repeat(np.cumsum(counts_N) - counts_N, counts_N)
+        if num_rows == n and counts_N.min() == 1:  # one row per sequence (decode steps): no group to spread
+            src_S, sample_offset_S = slice(None), 0
+        else:
+            src_S = np.repeat(np.arange(n), counts_N)
+            sample_offset_S = np.arange(num_rows) - np.repeat(np.cumsum(counts_N) - counts_N, counts_N)
         r, S, prow_S = self.rows, num_rows, rows_N[src_S]
-        temperature_S = r.temperature[prow_S]
+        temperature_S, top_k_S, top_p_S = r.temperature[prow_S], r.top_k[prow_S], r.top_p[prow_S]
+        min_tokens_S = r.min_tokens[prow_S]
         position_S = end_N[src_S] - r.num_prompt_tokens[prow_S]
         host["logit_rows"][:S] = plan.last_index[src_S]
         host["temperature"][:S] = temperature_S
-        host["top_k"][:S] = r.top_k[prow_S]
-        host["top_p"][:S] = r.top_p[prow_S]
+        host["top_k"][:S] = top_k_S
+        host["top_p"][:S] = top_p_S
         host["seed"][:S] = r.seed[prow_S]
-        host["sample_index"][:S] = r.sample_index[prow_S] + np.arange(S) - first_S
+        host["sample_index"][:S] = r.sample_index[prow_S] + sample_offset_S
         host["position"][:S] = position_S
-        host["min_tokens"][:S] = r.min_tokens[prow_S]
+        host["min_tokens"][:S] = min_tokens_S
         sampled = temperature_S > 0
         plan.all_greedy = not sampled.any()
-        plan.any_top_k = bool((sampled & (r.top_k[prow_S] > 0)).any())
-        plan.any_top_p = bool((sampled & (r.top_p[prow_S] < 1)).any())
+        plan.any_top_k = bool((sampled & (top_k_S > 0)).any())
+        plan.any_top_p = bool((sampled & (top_p_S < 1)).any())
         # min_tokens: (row, token) pairs to ban, only for rows still short of it; tokens past the vocabulary can
         # never be sampled and would index out of range on the device.
-        short = np.flatnonzero(position_S < r.min_tokens[prow_S])
+        short = np.flatnonzero(position_S < min_tokens_S)
         V = self.config.vocab_size
         plan.banned = [(s, t) for s in short.tolist() for t in r.stop_token_ids[prow_S[s]] if t < V]
 

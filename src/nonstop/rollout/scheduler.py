@@ -40,8 +40,15 @@ from nonstop.rollout.sequence import FinishReason, Sequence, SequenceStatus, pla
 
 @dataclass
 class ScheduledBatch:
-    seqs: list[Sequence]
-    num_new_tokens: list[int]  # tokens each sequence computes this step, starting at its num_cached_tokens
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)  # tokens each sequence computes this step
+    # What the model runner needs of each sequence, noted while scheduling so the runner does not walk the
+    # sequences again: the first position it computes (its num_cached_tokens), the token there (a placeholder while
+    # its value is pending), and the sample rows it draws (0 for a prompt chunk short of the end, n for a group
+    # parent whose prompt ends here).
+    num_cached_tokens: list[int] = field(default_factory=list)
+    first_token_ids: list[int] = field(default_factory=list)
+    num_sample_rows: list[int] = field(default_factory=list)
     # Multi-step decode: how many decode steps each sequence runs in this launch (1..k, its first token is
     # `num_new_tokens`' 1); None for a single step.
     num_steps: list[int] | None = None
@@ -50,9 +57,16 @@ class ScheduledBatch:
     def num_scheduler_steps(self) -> int:
         return max(self.num_steps) if self.num_steps else 1
 
+    def add(self, seq: Sequence, num_new_tokens: int) -> None:
+        cached = seq.num_cached_tokens
+        self.seqs.append(seq)
+        self.num_new_tokens.append(num_new_tokens)
+        self.num_cached_tokens.append(cached)
+        self.first_token_ids.append(seq.token_ids[cached])
+        self.num_sample_rows.append(seq.num_samples if cached + num_new_tokens == seq.num_tokens else 0)
+
     def samples(self, i: int) -> bool:
-        seq = self.seqs[i]
-        return seq.num_cached_tokens + self.num_new_tokens[i] == seq.num_tokens
+        return self.num_sample_rows[i] > 0
 
 
 @dataclass
@@ -61,7 +75,6 @@ class SchedulerStats:
     num_prefill_tokens: int = 0  # prompt-position tokens actually computed (recomputation after preemption included)
     num_cached_tokens: int = 0  # tokens taken from the prefix cache instead of computed
     num_preemptions: int = 0
-    num_steps: int = 0
     num_steps: int = 0  # launches (a multi-step decode launch counts once)
     num_decode_steps: int = 0  # decode steps run (each step of a multi-step launch counts)
     num_generated_tokens: int = 0
@@ -78,12 +91,25 @@ class SchedulerStats:
 
 
 @dataclass
+class SampledRows:
+    """A launched step's sample rows, in row order: each row's sequence and the index of its placeholder token."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    index: list[int] = field(default_factory=list)
+    # The leading rows that name each sequence once (first-fill order); the rows after them (the later steps of a
+    # multi-step launch) repeat those sequences.
+    num_seqs: int = 0
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+
+@dataclass
 class StepResult:
     finished: list[Sequence] = field(default_factory=list)
     forked: list[Sequence] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) KV blocks to copy now
-    # One entry per sample row of the step, in row order: the sequence and the index of its placeholder token.
-    sampled: list[tuple[Sequence, int]] = field(default_factory=list)
+    sampled: SampledRows = field(default_factory=SampledRows)
 
 
 class Scheduler:
@@ -147,8 +173,66 @@ class Scheduler:
         return self._fork_blocks(seq) if num_cached + num_new_tokens == seq.num_tokens else 0
 
     def schedule(self) -> ScheduledBatch:
-        bm, budget = self.block_manager, self.max_num_batched_tokens
-        seqs, num_new = [], []
+        batch = self._schedule_decodes()
+        preempted, num_decoding = False, len(batch.seqs) if batch else 0
+        if batch is None:
+            batch, preempted = self._schedule_running()
+        num_from_running = len(batch.seqs)
+        self._admit(batch, self.max_num_batched_tokens - sum(batch.num_new_tokens), preempted)
+        seqs, num_new = batch.seqs, batch.num_new_tokens
+        if self.num_scheduler_steps > 1 and seqs and not preempted and len(seqs) == num_from_running:
+            batch.num_steps = self._reserve_steps(seqs, num_new)
+        if seqs:
+            self.stats.num_steps += 1
+        # The decode-only pass's sequences decode (none computes a prompt token); the others are counted here.
+        others = list(zip(seqs[num_decoding:], num_new[num_decoding:], strict=True))
+        if num_decoding or any(s.num_cached_tokens >= s.num_prompt_tokens for s, _ in others):
+            self.stats.num_decode_steps += batch.num_scheduler_steps
+        for seq, n in others:
+            if seq.num_cached_tokens < seq.num_prompt_tokens:
+                self.stats.num_prefill_tokens += (
+                    min(seq.num_cached_tokens + n, seq.num_prompt_tokens) - seq.num_cached_tokens
+                )
+        return batch
+
+    def _schedule_decodes(self) -> ScheduledBatch | None:
+        """The steady state in one lean pass (it runs for every token generated): every running sequence decodes
+        one token (or waits for its last one), the budget covers them all and their new blocks fit. Schedules
+        exactly what `_schedule_running` would, in the same order with the same block allocations; None, having
+        changed nothing, when any of that does not hold (a prompt chunk, a group about to fork, a tight budget,
+        preemption): the general loop decides then."""
+        running, bm = self.running, self.block_manager
+        if len(running) > self.max_num_batched_tokens:
+            return None
+        B = bm.block_size
+        seqs, cached_N, first_N, grow, num_new_blocks = [], [], [], [], 0
+        for seq in running:
+            cached, tokens = seq.num_cached_tokens, seq.token_ids
+            num_tokens = len(tokens)
+            if num_tokens - seq.num_prompt_tokens >= seq.sampling_params.max_tokens:
+                if seq.num_samples != 1:
+                    return None
+                continue  # its last token is still being sampled (async): it finishes when that value arrives
+            if num_tokens - cached != 1 or cached < seq.num_prompt_tokens or seq.num_samples != 1:
+                return None
+            seqs.append(seq)
+            cached_N.append(cached)
+            first_N.append(tokens[cached])
+            # What `bm.allocate(seq, 1)` does: a new block past the table, a block filling up to hash.
+            if cached >= len(seq.block_table) * B:
+                num_new_blocks += 1
+                grow.append(seq)
+            elif (cached + 1) // B > len(seq.block_hashes):
+                grow.append(seq)
+        if num_new_blocks > bm.num_free_blocks:
+            return None
+        for seq in grow:
+            bm.allocate(seq, 1)
+        return ScheduledBatch(seqs, [1] * len(seqs), cached_N, first_N, [1] * len(seqs))
+
+    def _schedule_running(self) -> tuple[ScheduledBatch, bool]:
+        """The running sequences' share of the step, oldest first, and whether any was preempted."""
+        bm, budget, batch = self.block_manager, self.max_num_batched_tokens, ScheduledBatch()
         candidates, kept = deque(self.running), deque()
         preempted = False
         while candidates:
@@ -174,16 +258,17 @@ class Scheduler:
             bm.allocate(seq, n)
             if fork:
                 seq.fork_block_ids = bm.allocate_blocks(fork)
-            seqs.append(seq)
-            num_new.append(n)
+            batch.add(seq, n)
             kept.append(seq)
             budget -= n
         self.running = kept
-        num_from_running = len(seqs)
+        return batch, preempted
 
-        # Admit new work only when nothing had to be preempted: the cache is not under pressure.
-        # A group parent counts as the n sequences it will fork into.
-        num_running = sum(s.num_samples for s in self.running)
+    def _admit(self, batch: ScheduledBatch, budget: int, preempted: bool) -> None:
+        """Admit waiting sequences into the step only when nothing had to be preempted: the cache is not under
+        pressure. A group parent counts as the n sequences it will fork into."""
+        bm = self.block_manager
+        num_running = sum(s.num_samples for s in self.running) if self.waiting else 0
         kv_short = False
         while self.waiting and budget > 0 and not preempted:
             seq = self.waiting[0]
@@ -203,24 +288,9 @@ class Scheduler:
             self.stats.num_cached_tokens += num_cached
             self.running.append(seq)
             num_running += seq.num_samples
-            seqs.append(seq)
-            num_new.append(n)
+            batch.add(seq, n)
             budget -= n
-
         self.kv_blocked = preempted or kv_short
-        batch = ScheduledBatch(seqs, num_new)
-        if self.num_scheduler_steps > 1 and seqs and not preempted and len(seqs) == num_from_running:
-            batch.num_steps = self._reserve_steps(seqs, num_new)
-        if seqs:
-            self.stats.num_steps += 1
-        if any(s.num_cached_tokens >= s.num_prompt_tokens for s in seqs):
-            self.stats.num_decode_steps += batch.num_scheduler_steps
-        for seq, n in zip(seqs, num_new, strict=True):
-            if seq.num_cached_tokens < seq.num_prompt_tokens:
-                self.stats.num_prefill_tokens += (
-                    min(seq.num_cached_tokens + n, seq.num_prompt_tokens) - seq.num_cached_tokens
-                )
-        return batch
 
     def _reserve_steps(self, seqs: list[Sequence], num_new: list[int]) -> list[int] | None:
         """Multi-step decode: each sequence's number of steps (up to k, within its max_tokens), with the KV blocks
@@ -267,13 +337,24 @@ class Scheduler:
         result = StepResult()
         if batch.num_steps:
             return self._advance_steps(batch, result)
+        rows = result.sampled
+        row_seqs, row_index = rows.seqs, rows.index
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
-            seq.num_cached_tokens += n
-            if seq.num_cached_tokens != len(seq.token_ids):  # a prefill chunk short of the end: nothing sampled
+            seq.num_cached_tokens = cached = seq.num_cached_tokens + n
+            tokens = seq.token_ids
+            if cached != len(tokens):  # a prefill chunk short of the end: nothing sampled
                 continue
-            for member in [seq, *self._fork(seq, result)] if seq.num_samples > 1 else (seq,):
-                result.sampled.append((member, member.num_tokens))
-                member.append_token(placeholder(len(result.sampled) - 1), 0.0)
+            if seq.num_samples > 1:
+                for member in [seq, *self._fork(seq, result)]:
+                    row_index.append(member.num_tokens)
+                    member.append_token(placeholder(len(row_seqs)), 0.0)
+                    row_seqs.append(member)
+                continue
+            row_index.append(cached)
+            tokens.append(placeholder(len(row_seqs)))
+            seq.output_logprobs.append(0.0)
+            row_seqs.append(seq)
+        rows.num_seqs = len(row_seqs)
         if result.forked:
             self.running.extend(result.forked)
         return result
@@ -288,37 +369,53 @@ class Scheduler:
             seq.output_logprobs += [0.0] * m
             seq.num_cached_tokens += m
             per_seq.append([(seq, start + j) for j in range(m)])
-        result.sampled = [rows[j] for j in range(batch.num_scheduler_steps) for rows in per_seq if j < len(rows)]
+        rows = result.sampled
+        for j in range(batch.num_scheduler_steps):
+            for seq_rows in per_seq:
+                if j < len(seq_rows):
+                    rows.seqs.append(seq_rows[j][0])
+                    rows.index.append(seq_rows[j][1])
+        rows.num_seqs = S  # step 0's rows: every sequence, once
         return result
 
-    def update(
-        self, sampled: list[tuple[Sequence, int]], token_ids: list[int], logprobs: list[float]
-    ) -> list[Sequence]:
+    def update(self, sampled: SampledRows, token_ids: list[int], logprobs: list[float]) -> list[Sequence]:
         """Fill in a launched step's sampled tokens (rows as `advance` listed them); returns the sequences they
-        finish. A row whose sequence finished in the previous update was computed past its end and is dropped."""
+        finish. A row whose sequence finished in the previous update was computed past its end and is dropped.
+        One lean pass per row: it runs for every token generated."""
         assert len(sampled) == len(token_ids) == len(logprobs)
-        finished, filled = [], {}
-        for (seq, index), token_id, logprob in zip(sampled, token_ids, logprobs, strict=True):
-            if seq.is_finished:
-                self.stats.num_discarded_tokens += 1
+        finished, filled, num_discarded = [], [], 0
+        FINISHED = SequenceStatus.FINISHED
+        for row, (seq, index, token_id, logprob) in enumerate(
+            zip(sampled.seqs, sampled.index, token_ids, logprobs, strict=True)
+        ):
+            if seq.status is FINISHED:
+                num_discarded += 1
                 continue
+            if row < sampled.num_seqs:  # a sequence's first row: rows past num_seqs are later steps of the same
+                filled.append(seq)
             seq.token_ids[index] = token_id
-            seq.output_logprobs[index - seq.num_prompt_tokens] = logprob
-            filled[seq.seq_id] = seq
-            self.stats.num_generated_tokens += 1
-            if self._check_stop(seq, index):
-                # Drop what was appended past the end: later steps of a multi-step launch, the step launched meanwhile.
-                del seq.token_ids[index + 1 :], seq.output_logprobs[index + 1 - seq.num_prompt_tokens :]
-                finished.append(seq)
+            num_output = index + 1 - seq.num_prompt_tokens
+            seq.output_logprobs[num_output - 1] = logprob
+            params = seq.sampling_params
+            if token_id in seq.stop_token_ids and num_output >= params.min_tokens:
+                self.finish(seq, FinishReason.STOP)
+            elif num_output >= params.max_tokens:
+                self.finish(seq, FinishReason.LENGTH)
+            else:
+                continue
+            # Drop what was appended past the end: later steps of a multi-step launch, the step launched meanwhile.
+            del seq.token_ids[index + 1 :], seq.output_logprobs[num_output:]
+            finished.append(seq)
+        self.stats.num_discarded_tokens += num_discarded
+        self.stats.num_generated_tokens += len(sampled) - num_discarded
         # Once per sequence, its values all in: hash the blocks that filled up while their tokens were pending.
-        for seq in filled.values():
-            self.block_manager.register_computed(seq)
+        self.block_manager.register_computed(filled)
         if finished:
             for seq in finished:
                 self.block_manager.deallocate(seq)
-            self.running = deque(s for s in self.running if not s.is_finished)
-            if any(s.is_finished for s in self.waiting):  # preempted while its last token was pending
-                self.waiting = deque(s for s in self.waiting if not s.is_finished)
+            self.running = deque(s for s in self.running if s.status is not FINISHED)
+            if any(s.status is FINISHED for s in self.waiting):  # preempted while its last token was pending
+                self.waiting = deque(s for s in self.waiting if s.status is not FINISHED)
         return finished
 
     def _fork(self, parent: Sequence, result: StepResult) -> list[Sequence]:
@@ -334,17 +431,6 @@ class Scheduler:
         parent.num_samples = 1
         result.forked.extend(children)
         return children
-
-    def _check_stop(self, seq: Sequence, index: int) -> bool:
-        """Finishes the sequence if its token at `index` ends it; returns whether it did."""
-        params, num_output = seq.sampling_params, index + 1 - seq.num_prompt_tokens
-        if num_output >= params.min_tokens and seq.token_ids[index] in seq.stop_token_ids:
-            self.finish(seq, FinishReason.STOP)
-            return True
-        if num_output >= params.max_tokens:
-            self.finish(seq, FinishReason.LENGTH)
-            return True
-        return False
 
     @staticmethod
     def finish(seq: Sequence, reason: str) -> None:
