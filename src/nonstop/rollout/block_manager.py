@@ -75,14 +75,29 @@ class BlockManager:
         self.hash_to_block_id.clear()
         self.cache_epoch += 1
 
-    def _register_full_blocks(self, seq: Sequence, num_computed_tokens: int) -> None:
-        """Give a hash to every block that is full once `num_computed_tokens` tokens have KV. A block holding a token
-        still being sampled (async scheduling) waits: `register_computed` hashes it once the value is known."""
+    def _num_hashable_blocks(self, seq: Sequence, num_computed_tokens: int) -> int:
+        """How many of the sequence's leading blocks can have hashes once `num_computed_tokens` tokens have KV: the
+        full ones whose values are all known. A block holding a token still being sampled (async scheduling)
+        waits: `register_computed` hashes it once the value is known."""
         if not self.enable_prefix_caching or seq.cache_epoch != self.cache_epoch:
-            return
-        B = self.block_size
-        for i in range(len(seq.block_hashes), min(num_computed_tokens, seq.num_known_tokens) // B):
-            tokens = seq.token_ids[i * B : (i + 1) * B]
+            return 0
+        B, token_ids, first = self.block_size, seq.token_ids, len(seq.block_hashes)
+        last = min(num_computed_tokens, len(token_ids)) // B
+        # Pending placeholders only ever form the tail, so a block's values are all known iff its last one is.
+        while last > first and token_ids[last * B - 1] < 0:
+            last -= 1
+        return last
+
+    def can_register(self, seq: Sequence, num_computed_tokens: int) -> bool:
+        """Whether `_register_full_blocks(seq, num_computed_tokens)` would hash any block."""
+        return self._num_hashable_blocks(seq, num_computed_tokens) > len(seq.block_hashes)
+
+    def _register_full_blocks(self, seq: Sequence, num_computed_tokens: int) -> None:
+        """Give a hash to every block that is full once `num_computed_tokens` tokens have KV and whose values are
+        all known (`_num_hashable_blocks`)."""
+        B, token_ids = self.block_size, seq.token_ids
+        for i in range(len(seq.block_hashes), self._num_hashable_blocks(seq, num_computed_tokens)):
+            tokens = token_ids[i * B : (i + 1) * B]
             h = block_hash(seq.block_hashes[-1] if seq.block_hashes else -1, tokens)
             seq.block_hashes.append(h)
             block = self.blocks[seq.block_table[i]]

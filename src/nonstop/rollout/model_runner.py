@@ -60,7 +60,8 @@ class SequenceRows:
     (`deallocate` and `fork` assign new lists), so `sync` rewrites a row whole when the sequence's list is not the
     one the row mirrors (new row, preemption, fork) and otherwise copies just the appended tail. A sequence that is
     not scheduled in a step gives its row back (preempted, finished, aborted or waiting for budget); it gets a fresh
-    row, written whole, when it is scheduled again.
+    row, written whole, when it is scheduled again. When a step's block-table lists are the last step's, in order (a
+    decode step where nobody finished or joined), `sync` only copies the tails that grew.
     """
 
     def __init__(self, num_rows: int, max_blocks: int):

@@ -27,6 +27,12 @@ its max_tokens leaves (`ScheduledBatch.num_steps`) — and the KV blocks for all
 cannot be, the step stays a single one. The model runner chains the k steps on the device. `advance` appends one
 placeholder per step and `update` fills them in order, so a sequence that stops inside the k steps drops the tokens
 after its stop exactly like the token computed past a late-seen stop: the outputs are those of k = 1.
+
+Host cost: `schedule`, `advance` and `update` run for every token generated, so the steady state (every running
+sequence decoding) takes lean one-pass paths — `_schedule_decodes` (falling back to the general loop, having changed
+nothing, whenever anything else happens), a single loop per sample row in `update` — and the batch carries what the
+model runner needs of each sequence (`ScheduledBatch.num_cached_tokens`, ...) so the runner does not walk the
+sequences again. A test replays random workloads with and without the decode-only pass and compares every step.
 """
 
 from __future__ import annotations
@@ -34,8 +40,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from nonstop.rollout.block_manager import BlockManager
-from nonstop.rollout.sequence import FinishReason, Sequence, SequenceStatus, placeholder
+from nonstop.rollout.sequence import FinishReason, Sequence, SequenceStatus, placeholder, placeholders
 
 
 @dataclass
@@ -218,11 +226,11 @@ class Scheduler:
             seqs.append(seq)
             cached_N.append(cached)
             first_N.append(tokens[cached])
-            # What `bm.allocate(seq, 1)` does: a new block past the table, a block filling up to hash.
+            # Whatever `bm.allocate(seq, 1)` would do: a new block past the table, a full block to hash.
             if cached >= len(seq.block_table) * B:
                 num_new_blocks += 1
                 grow.append(seq)
-            elif (cached + 1) // B > len(seq.block_hashes):
+            elif (cached + 1) // B > len(seq.block_hashes) and bm.can_register(seq, cached + 1):
                 grow.append(seq)
         if num_new_blocks > bm.num_free_blocks:
             return None
@@ -297,22 +305,25 @@ class Scheduler:
         for all of them allocated; None (a single step) unless every sequence decodes one token and all the blocks
         fit."""
         k, bm = self.num_scheduler_steps, self.block_manager
-        decodes = (
-            n == 1 and s.num_samples == 1 and s.num_cached_tokens + 1 == s.num_tokens
-            for s, n in zip(seqs, num_new, strict=True)
-        )
-        if not all(decodes):
-            return None
         B = bm.block_size
-        # Each step samples one output token: at most max_tokens - num_output_tokens (pending placeholders count).
-        steps = [min(k, s.sampling_params.max_tokens - s.num_output_tokens) for s in seqs]
-        # One decode token is allocated already; the other steps' tokens follow it.
-        needed = sum(
-            max(0, -(-(s.num_cached_tokens + m) // B) - len(s.block_table)) for s, m in zip(seqs, steps, strict=True)
-        )
+        steps, grow, needed = [], [], 0
+        for seq, n in zip(seqs, num_new, strict=True):
+            cached, num_tokens = seq.num_cached_tokens, len(seq.token_ids)
+            if n != 1 or seq.num_samples != 1 or cached + 1 != num_tokens:
+                return None
+            # Each step samples one output token: at most max_tokens - num_output_tokens (pending placeholders count).
+            m = min(k, seq.sampling_params.max_tokens - (num_tokens - seq.num_prompt_tokens))
+            steps.append(m)
+            # One decode token is allocated already; the other steps' tokens follow it. `bm.allocate(seq, m)` only
+            # has blocks to add: it hashes nothing that allocating the first token did not, since the later steps'
+            # tokens do not exist yet.
+            missing = -(-(cached + m) // B) - len(seq.block_table)
+            if missing > 0:
+                needed += missing
+                grow.append((seq, m))
         if needed > bm.num_free_blocks:
             return None
-        for seq, m in zip(seqs, steps, strict=True):
+        for seq, m in grow:
             bm.allocate(seq, m)
         return steps
 
@@ -362,19 +373,18 @@ class Scheduler:
     def _advance_steps(self, batch: ScheduledBatch, result: StepResult) -> StepResult:
         """A multi-step decode launch: sample row j * S + i is sequence i's token of step j (S sequences); rows of
         steps past a sequence's own count are computed but not listed."""
-        S, per_seq = len(batch.seqs), []
-        for i, (seq, m) in enumerate(zip(batch.seqs, batch.num_steps, strict=True)):
-            start = seq.num_tokens
-            seq.token_ids += [placeholder(j * S + i) for j in range(m)]
+        seqs, S = batch.seqs, len(batch.seqs)
+        start_S = np.empty(S, dtype=np.int64)
+        for i, (seq, m) in enumerate(zip(seqs, batch.num_steps, strict=True)):
+            start_S[i] = len(seq.token_ids)
+            seq.token_ids += placeholders(i, m, S)
             seq.output_logprobs += [0.0] * m
             seq.num_cached_tokens += m
-            per_seq.append([(seq, start + j) for j in range(m)])
+        # Step-major, as the model runner reads the launch back.
+        step_R, seq_R = np.nonzero(np.arange(batch.num_scheduler_steps)[:, None] < np.asarray(batch.num_steps))
         rows = result.sampled
-        for j in range(batch.num_scheduler_steps):
-            for seq_rows in per_seq:
-                if j < len(seq_rows):
-                    rows.seqs.append(seq_rows[j][0])
-                    rows.index.append(seq_rows[j][1])
+        rows.seqs = list(map(seqs.__getitem__, seq_R.tolist()))
+        rows.index = (start_S[seq_R] + step_R).tolist()
         rows.num_seqs = S  # step 0's rows: every sequence, once
         return result
 

@@ -30,6 +30,12 @@ def placeholder(sample_row: int) -> int:
     return -1 - sample_row
 
 
+def placeholders(first_row: int, count: int, stride: int) -> range:
+    """The placeholders of sample rows first_row, first_row + stride, ... (`count` of them): one sequence's tokens
+    in the steps of a multi-step launch."""
+    return range(placeholder(first_row), placeholder(first_row + count * stride), -stride)
+
+
 def placeholder_row(token_id: int) -> int:
     return -1 - token_id
 
