@@ -267,6 +267,8 @@ class StepPlan:
     cached_N: np.ndarray | None = None  # per sequence, in batch order: num_cached_tokens before this step
     last_index: np.ndarray | None = None  # per sequence, in batch order: the packed index of its last token
     num_sample_rows: int = 0
+    # Sample row i reads hidden row i (a decode-only step, one sample per sequence): no gather before the logits.
+    rows_in_order: bool = False
     all_greedy: bool = True
     any_top_k: bool = False
     any_top_p: bool = False
@@ -489,6 +491,7 @@ class ModelRunner:
         assert num_rows <= self.max_num_seqs
         if num_rows == n and counts_N.min() == 1:  # one row per sequence (decode steps): no group to spread
             src_S, sample_offset_S = slice(None), 0
+            plan.rows_in_order = plan.num_prefill_tokens == 0
         else:
             src_S = np.repeat(np.arange(n), counts_N)
             sample_offset_S = np.arange(num_rows) - np.repeat(np.cumsum(counts_N) - counts_N, counts_N)
@@ -632,7 +635,7 @@ class ModelRunner:
             hidden = self._forward(plan, dev)
             if not S:
                 return SampledStep(torch.empty(0, dtype=torch.float64), None)
-            logits = self.model.compute_logits(hidden[dev["logit_rows"][:S]])
+            logits = self.model.compute_logits(hidden[:S] if plan.rows_in_order else hidden[dev["logit_rows"][:S]])
             tokens, logprobs = sample(logits, self._sampling_tensors(plan, dev, stop_mask_S, step))
             self.sampled_ids[step * S : (step + 1) * S].copy_(tokens)
             self.sampled.write(step * S, K * S, tokens, logprobs)
