@@ -134,6 +134,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.eos_token_ids = set(eos_token_ids)
+        self.stop_sets: dict[frozenset[int], frozenset[int]] = {}
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
         self.stats = SchedulerStats()
@@ -165,7 +166,9 @@ class Scheduler:
         self.check_fits(seq)
         params = seq.sampling_params
         eos = () if params.ignore_eos else self.eos_token_ids
-        seq.stop_token_ids = frozenset(params.stop_token_ids or ()) | frozenset(eos)
+        stop = frozenset(params.stop_token_ids or ()) | frozenset(eos)
+        # One shared set per distinct value: `update` tests every sampled token against its sequence's set.
+        seq.stop_token_ids = self.stop_sets.setdefault(stop, stop)
         self.waiting.append(seq)
 
     def is_finished(self) -> bool:
@@ -217,7 +220,7 @@ class Scheduler:
         for seq in running:
             cached, tokens = seq.num_cached_tokens, seq.token_ids
             num_tokens = len(tokens)
-            if num_tokens - seq.num_prompt_tokens >= seq.sampling_params.max_tokens:
+            if num_tokens >= seq.max_num_tokens:
                 if seq.num_samples != 1:
                     return None
                 continue  # its last token is still being sampled (async): it finishes when that value arrives
@@ -312,7 +315,7 @@ class Scheduler:
             if n != 1 or seq.num_samples != 1 or cached + 1 != num_tokens:
                 return None
             # Each step samples one output token: at most max_tokens - num_output_tokens (pending placeholders count).
-            m = min(k, seq.sampling_params.max_tokens - (num_tokens - seq.num_prompt_tokens))
+            m = min(k, seq.max_num_tokens - num_tokens)
             steps.append(m)
             # One decode token is allocated already; the other steps' tokens follow it. `bm.allocate(seq, m)` only
             # has blocks to add: it hashes nothing that allocating the first token did not, since the later steps'
@@ -406,10 +409,9 @@ class Scheduler:
             seq.token_ids[index] = token_id
             num_output = index + 1 - seq.num_prompt_tokens
             seq.output_logprobs[num_output - 1] = logprob
-            params = seq.sampling_params
-            if token_id in seq.stop_token_ids and num_output >= params.min_tokens:
+            if token_id in seq.stop_token_ids and num_output >= seq.sampling_params.min_tokens:
                 self.finish(seq, FinishReason.STOP)
-            elif num_output >= params.max_tokens:
+            elif index >= seq.max_num_tokens - 1:  # num_output >= max_tokens
                 self.finish(seq, FinishReason.LENGTH)
             else:
                 continue

@@ -63,6 +63,8 @@ class Sequence:
         # > 1 only for a group parent that has not forked yet: its prompt-final logits are sampled num_samples times.
         self.num_samples = num_samples
         self.num_prompt_tokens = len(prompt_token_ids)
+        # max_tokens as a length, read for every token generated (`Scheduler`) without reaching into sampling_params.
+        self.max_num_tokens = self.num_prompt_tokens + sampling_params.max_tokens
         self.token_ids = list(prompt_token_ids) + list(output_token_ids or [])
         self.output_logprobs = list(output_logprobs or [])
         assert len(self.output_logprobs) == len(self.token_ids) - self.num_prompt_tokens
