@@ -1,7 +1,9 @@
-"""The model runner's host-side fast path: persistent block-table rows and the vectorised step metadata, checked
-against a plain per-token rebuild from each sequence's own block table on every step of a run that preempts, forks,
-prefix-caches, chunks prefills and aborts."""
+"""The model runner's host-side fast path: persistent block-table rows, the vectorised step metadata and the sampling
+rows (their per-sequence constants kept across steps whose rows are unchanged), checked against a plain per-token
+rebuild from each sequence's own state on every step of a run that preempts, forks, prefix-caches, chunks prefills
+and aborts."""
 
+import numpy as np
 import pytest
 from rollout_helpers import make_pair, random_prompts
 
@@ -19,7 +21,7 @@ def checked_engine(**args) -> tuple[LLMEngine, list[int]]:
     _, model = make_pair("llama", seed=3)
     engine = LLMEngine(model, EngineArgs(**args))
     runner, checked = engine.model_runner, [0, 0]
-    sync, prepare = runner.rows.sync, runner._prepare
+    sync, prepare, sampling_inputs = runner.rows.sync, runner._prepare, runner._sampling_inputs
 
     def checked_sync(seqs):
         rows = sync(seqs)
@@ -59,7 +61,25 @@ def checked_engine(**args) -> tuple[LLMEngine, list[int]]:
         checked[1] += sum(t < 0 for t in tokens)
         return plan
 
-    runner.rows.sync, runner._prepare = checked_sync, checked_prepare
+    def checked_sampling_inputs(batch, host, rows, plan):
+        sampling_inputs(batch, host, rows, plan)
+        # One row per sample drawn, in batch order; a group parent's rows take sample indices from its own on.
+        expected = []
+        for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
+            p, end = seq.sampling_params, seq.num_cached_tokens + n
+            for j in range(seq.num_samples if end == seq.num_tokens else 0):
+                position = end - seq.num_prompt_tokens
+                expected.append(
+                    (p.temperature, p.top_k, p.top_p, seq.seed, seq.sample_index + j, p.min_tokens, position)
+                )
+        S = plan.num_sample_rows
+        names = ("temperature", "top_k", "top_p", "seed", "sample_index", "min_tokens", "position")
+        got = list(zip(*(host[name][:S].tolist() for name in names), strict=True))
+        assert got == [tuple(np.float32(v).item() if isinstance(v, float) else v for v in e) for e in expected]
+        temperature = np.array([e[0] for e in expected])
+        assert plan.all_greedy == (not (temperature > 0).any())
+
+    runner.rows.sync, runner._prepare, runner._sampling_inputs = checked_sync, checked_prepare, checked_sampling_inputs
     return engine, checked
 
 

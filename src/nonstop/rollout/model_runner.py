@@ -312,6 +312,8 @@ class ModelRunner:
         self.allocate_kv_cache()
         self.rows = SequenceRows(max_num_seqs, self.max_blocks_per_seq)
         self.buffers = StepBuffers(max_num_seqs, self.max_blocks_per_seq, self.device)
+        # Per staging buffer: the rows array whose per-sequence sampling constants it holds, and their flags.
+        self.staged_constants: list[tuple[np.ndarray, tuple[bool, bool, bool]] | None] = [None, None]
         self.num_scheduler_steps = num_scheduler_steps
         # Every launch's sampled ids (row j * S + i: step j, sequence i), left on the device for the next step's
         # inputs (`decode_input_ids`).
@@ -417,8 +419,8 @@ class ModelRunner:
         """Fills the decode segment's metadata into the staging buffer (vectorised over the persistent block-table
         rows) and builds the prefill segment's on the host; prefill sequences are packed first."""
         B, seqs, num_new = self.block_size, batch.seqs, batch.num_new_tokens
-        prefill_N = np.array(num_new, dtype=np.int64) > 1
-        prefill = np.flatnonzero(prefill_N).tolist()
+        prefill_N = np.array(num_new, dtype=np.int64) > 1 if max(num_new) > 1 else None
+        prefill = np.flatnonzero(prefill_N).tolist() if prefill_N is not None else []
         decode = np.flatnonzero(~prefill_N) if prefill else slice(None)  # decode-only steps: the whole batch
         table_RM = self.rows.block_tables
         D = len(seqs) - len(prefill)
@@ -496,21 +498,29 @@ class ModelRunner:
             src_S = np.repeat(np.arange(n), counts_N)
             sample_offset_S = np.arange(num_rows) - np.repeat(np.cumsum(counts_N) - counts_N, counts_N)
         r, S, prow_S = self.rows, num_rows, rows_N[src_S]
-        temperature_S, top_k_S, top_p_S = r.temperature[prow_S], r.top_k[prow_S], r.top_p[prow_S]
-        min_tokens_S = r.min_tokens[prow_S]
         position_S = end_N[src_S] - r.num_prompt_tokens[prow_S]
         host["logit_rows"][:S] = plan.last_index[src_S]
-        host["temperature"][:S] = temperature_S
-        host["top_k"][:S] = top_k_S
-        host["top_p"][:S] = top_p_S
-        host["seed"][:S] = r.seed[prow_S]
-        host["sample_index"][:S] = r.sample_index[prow_S] + sample_offset_S
         host["position"][:S] = position_S
-        host["min_tokens"][:S] = min_tokens_S
-        sampled = temperature_S > 0
-        plan.all_greedy = not sampled.any()
-        plan.any_top_k = bool((sampled & (top_k_S > 0)).any())
-        plan.any_top_p = bool((sampled & (top_p_S < 1)).any())
+        # The per-sequence constants: a staging buffer that already holds them for these very rows (the same rows
+        # array `sync` returned when it filled them, one sample row per sequence) keeps them, and the flags with them.
+        current, staged = self.buffers.current, self.staged_constants[self.buffers.current]
+        if staged is not None and staged[0] is rows_N and isinstance(src_S, slice):
+            plan.all_greedy, plan.any_top_k, plan.any_top_p = staged[1]
+        else:
+            temperature_S, top_k_S, top_p_S = r.temperature[prow_S], r.top_k[prow_S], r.top_p[prow_S]
+            host["temperature"][:S] = temperature_S
+            host["top_k"][:S] = top_k_S
+            host["top_p"][:S] = top_p_S
+            host["seed"][:S] = r.seed[prow_S]
+            host["sample_index"][:S] = r.sample_index[prow_S] + sample_offset_S
+            host["min_tokens"][:S] = r.min_tokens[prow_S]
+            sampled = temperature_S > 0
+            plan.all_greedy = not sampled.any()
+            plan.any_top_k = bool((sampled & (top_k_S > 0)).any())
+            plan.any_top_p = bool((sampled & (top_p_S < 1)).any())
+            flags = (plan.all_greedy, plan.any_top_k, plan.any_top_p)
+            self.staged_constants[current] = (rows_N, flags) if isinstance(src_S, slice) else None
+        min_tokens_S = host["min_tokens"][:S]
         # min_tokens: (row, token) pairs to ban, only for rows still short of it; tokens past the vocabulary can
         # never be sampled and would index out of range on the device.
         short = np.flatnonzero(position_S < min_tokens_S)
