@@ -185,7 +185,7 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch:
         batch = self._schedule_decodes()
-        preempted, num_decoding = False, len(batch.seqs) if batch else 0
+        preempted, num_decoding = False, len(batch.seqs) if batch is not None else 0
         if batch is None:
             batch, preempted = self._schedule_running()
         num_from_running = len(batch.seqs)
