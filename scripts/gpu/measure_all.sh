@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# The open issues' H200 measurements, in device calls of < 10 min each (PART=1, 2, 3 while the machine is warm).
-# GPU tests first, each file under its own limit with tracebacks; then the benchmarks, JSON into $OUT.
-#   PART=1 [BASE_SRC=.base/src] bash scripts/gpu/measure_all.sh  # GPU tests; engine vs transformers (3), A/B vs BASE_SRC
-#   PART=2 bash scripts/gpu/measure_all.sh    # trainer vs TRL (4), fused log-prob, overlap modes (7), LoRA vs full (9)
-#   PART=3 bash scripts/gpu/measure_all.sh    # prefix grouping sweep (8)
+# The open issues' H200 measurements as named steps, run in the order given, each under its own limit; logs and JSON
+# into $OUT, and every log also packed into $OUT/logs.tgz (a device call returns at most 8 files).
+#   STEPS="tests rollout lora" [BASE_SRC=.base/src] bash scripts/gpu/measure_all.sh
+# Steps:
+#   tests    every GPU test file group at once (tiny models: the GPU has room; 16 host cores), -v so a timeout
+#            still shows how far each got
+#   rollout  engine vs transformers.generate (issue 3); with BASE_SRC also the same bench on another commit's src/
+#            (`git archive <rev> src | tar -x -C .base`), for an A/B in one session
+#   trainer  GRPO step vs TRL 1.16 (issue 4);  logprob  fused log-prob/entropy kernels
+#   modes    sync / one_step_off / async on one GPU (issue 7);  lora  LoRA vs full fine-tuning (issue 9)
+#   prefix   prefix-grouping sweep, both shapes, 2K/4K/8K prompts, n 4/8/16 (issue 8)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
@@ -11,26 +17,32 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 t() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
   echo "=== $name rc=$rc $((SECONDS - t0))s"; grep -E "passed|failed|^E |FAILED|faster|tok/s|x the" "$OUT/$name.log" | tail -n 8; }
-gpu_test() { local name=$1 limit=$2; shift 2; t "$name" "$limit" python3 -m pytest -q -x --tb=short -p no:cacheprovider -m gpu "$@"; }
-if [ "${PART:-1}" = 1 ]; then
-  gpu_test t_profiling 40 tests/profiling/test_gpu.py
-  gpu_test t_engine 100 tests/rollout/test_engine_gpu.py
-  gpu_test t_kernels 90 tests/kernels tests/models/test_transformer_gpu.py
-  gpu_test t_trainer 120 tests/trainer/test_trainer_gpu.py tests/trainer/test_lora_trainer_gpu.py
-  gpu_test t_async 60 tests/trainer/test_async_trainer_gpu.py tests/rewards/test_reward_model.py
-  # A/B of the engine: BASE_SRC (another commit's src/, e.g. `git archive <rev> src | tar -x -C .base`) vs this tree
-  if [ -n "${BASE_SRC:-}" ]; then
-    t b_rollout_base 100 env PYTHONPATH=/tmp/site:$PWD/$BASE_SRC python3 -m nonstop bench rollout --shapes qwen2.5-0.5b \
-      --workloads fixed --out "$OUT/rollout-base.json"
-  fi
-  t b_rollout 100 python3 -m nonstop bench rollout --shapes qwen2.5-0.5b --workloads fixed --out "$OUT/rollout.json"
-elif [ "$PART" = 2 ]; then
-  t b_trainer 150 python3 -m nonstop bench trainer --out "$OUT/trainer.json"
-  t b_logprob 40 python3 -m nonstop bench logprob --out "$OUT/logprob.json"
-  t b_modes 200 python3 -m nonstop bench modes --model qwen2.5-0.5b --prompts 32 --n 8 --steps 6 --warmup 2 \
-    --out "$OUT/modes.json"
-  t b_lora 150 python3 -m nonstop bench lora --out "$OUT/lora.json"
-else
-  t b_prefix 500 python3 -m nonstop bench prefix --models qwen2.5-1.5b,qwen3-1.7b --prompt-lens 2048,4096,8192 \
-    --response-lens 512 --n 4,8,16 --out "$OUT/prefix.json"
-fi
+gpu_test() { local name=$1 limit=$2; shift 2
+  t "$name" "$limit" python3 -m pytest -v -x --tb=short --durations=5 -p no:cacheprovider -m gpu "$@"; }
+for step in ${STEPS:-tests rollout}; do case $step in
+  tests)
+    gpu_test t_profiling 60 tests/profiling/test_gpu.py &
+    gpu_test t_engine 150 tests/rollout/test_engine_gpu.py &
+    gpu_test t_kernels 240 tests/kernels tests/models/test_transformer_gpu.py &
+    gpu_test t_trainer 240 tests/trainer/test_trainer_gpu.py &
+    gpu_test t_lora 240 tests/trainer/test_lora_trainer_gpu.py &
+    gpu_test t_async 240 tests/trainer/test_async_trainer_gpu.py &
+    gpu_test t_reward 120 tests/rewards/test_reward_model.py &
+    wait ;;
+  rollout)
+    if [ -n "${BASE_SRC:-}" ]; then
+      t b_rollout_base 120 env PYTHONPATH=/tmp/site:$PWD/$BASE_SRC python3 -m nonstop bench rollout \
+        --shapes qwen2.5-0.5b --workloads fixed --out "$OUT/rollout-base.json"
+    fi
+    t b_rollout 120 python3 -m nonstop bench rollout --shapes qwen2.5-0.5b --workloads fixed --num-scheduler-steps 1,8 \
+      --out "$OUT/rollout.json" ;;
+  trainer) t b_trainer 150 python3 -m nonstop bench trainer --out "$OUT/trainer.json" ;;
+  logprob) t b_logprob 40 python3 -m nonstop bench logprob --out "$OUT/logprob.json" ;;
+  modes) t b_modes 200 python3 -m nonstop bench modes --model qwen2.5-0.5b --prompts 32 --n 8 --steps 6 --warmup 2 \
+    --out "$OUT/modes.json" ;;
+  lora) t b_lora 150 python3 -m nonstop bench lora --out "$OUT/lora.json" ;;
+  prefix) t b_prefix 420 python3 -m nonstop bench prefix --models qwen2.5-1.5b,qwen3-1.7b --prompt-lens 2048,4096,8192 \
+    --response-lens 512 --n 4,8,16 --out "$OUT/prefix.json" ;;
+  *) echo "unknown step $step" ;;
+esac; done
+tar -czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls *.log) && rm -f "$OUT"/*.log
