@@ -64,42 +64,41 @@ def plan_cascade(
     # Leading blocks each row shares with its group's first row, within the blocks before its current token.
     width = int(full_D[order].max())
     leader = np.repeat(order[starts], counts)
-    same = tables_DM[order, :width] == tables_DM[leader, :width]
-    shared = np.minimum(np.cumprod(same, axis=1).sum(axis=1), full_D[order])
+    differ = tables_DM[order, :width] != tables_DM[leader, :width]
+    first_difference = np.where(differ.any(axis=1), differ.argmax(axis=1), width)  # argmax on bools, not a cumprod
+    shared = np.minimum(first_difference, full_D[order])
     group_blocks = np.minimum.reduceat(shared, starts)
 
-    per_tile = max(1, MAX_TILE_ROWS // group)
-    tile_first, tile_count, tile_len, members = [], [], [], []
-    for start, count, blocks in zip(starts.tolist(), counts.tolist(), group_blocks.tolist(), strict=True):
-        if count < 2 or blocks == 0:
-            continue
-        rows = order[start : start + count]
-        for part in np.array_split(rows, -(-count // per_tile)):
-            tile_first.append(len(members))
-            tile_count.append(len(part))
-            tile_len.append(blocks * block_size)
-            members.extend(part.tolist())
-    if not members:
+    kept_G = (counts >= 2) & (group_blocks > 0)
+    if not kept_G.any():
         return None
-    T = len(tile_first)
-    count_T, len_T = np.array(tile_count), np.array(tile_len)
+    members = order[np.repeat(kept_G, counts)].astype(np.int32)  # the kept groups' rows, group after group
+    per_tile = max(1, MAX_TILE_ROWS // group)
+    count_T, len_T = [], []
+    for count, blocks in zip(counts[kept_G].tolist(), group_blocks[kept_G].tolist(), strict=True):
+        num_tiles = -(-count // per_tile)
+        for i in range(num_tiles):  # near-equal sizes: the first count % num_tiles tiles get one more
+            count_T.append(count // num_tiles + (i < count % num_tiles))
+            len_T.append(blocks * block_size)
+    count_T, len_T = np.array(count_T), np.array(len_T)
+    first_T = np.cumsum(count_T) - count_T
+    T = len(count_T)
     wanted = max(1, min(MAX_PREFIX_SPLITS, target_work_items // T))
     splits_T = np.minimum(wanted, -(-len_T // MIN_TOKENS_PER_SPLIT))
     work = np.zeros((int(splits_T.sum()), 5), dtype=np.int32)
     tile_W = np.repeat(np.arange(T), splits_T)
-    work[:, WORK_FIRST] = np.array(tile_first)[tile_W]
+    work[:, WORK_FIRST] = first_T[tile_W]
     work[:, WORK_COUNT] = count_T[tile_W]
     work[:, WORK_SPLIT] = np.arange(len(tile_W)) - np.repeat(np.cumsum(splits_T) - splits_T, splits_T)
     work[:, WORK_SPLITS] = splits_T[tile_W]
     work[:, WORK_PREFIX_LEN] = len_T[tile_W]
-    members_ = np.array(members, dtype=np.int32)
     prefix_lens = np.zeros(D, dtype=np.int32)
     num_prefix_parts = np.zeros(D, dtype=np.int32)
-    prefix_lens[members_] = np.repeat(len_T, count_T)
-    num_prefix_parts[members_] = np.repeat(splits_T, count_T)
+    prefix_lens[members] = np.repeat(len_T, count_T)
+    num_prefix_parts[members] = np.repeat(splits_T, count_T)
     tile_rows = max(16, 1 << (int(count_T.max()) * group - 1).bit_length())
     saved = int(((count_T - 1) * len_T).sum())
-    return CascadePlan(members_, prefix_lens, num_prefix_parts, work, tile_rows, saved)
+    return CascadePlan(members, prefix_lens, num_prefix_parts, work, tile_rows, saved)
 
 
 def use_cascade(mode: bool | str, plan: CascadePlan | None, context_lens_D: np.ndarray) -> bool:
