@@ -57,6 +57,7 @@ def build_engine(config: NonstopConfig, model: torch.nn.Module, tokenizer, devic
         max_model_len=rollout.max_model_len or data.max_prompt_length + data.max_response_length,
         enforce_eager=rollout.enforce_eager,
         num_scheduler_steps=rollout.num_scheduler_steps,
+        cascade_attention=rollout.cascade_attention,
         enable_prefix_caching=rollout.enable_prefix_caching,
         seed=0 if data.seed is None else data.seed,
     )
