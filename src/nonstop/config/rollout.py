@@ -52,6 +52,9 @@ class RolloutConfig:
         "(nonstop) Decode steps chained on the device per engine step when only decoding; null = 1. k > 1 is "
         "experimental on CUDA: same outputs, but slower than k = 1 on the H200 so far (docs/architecture.md)",
     )
+    update_weights_bucket_megabytes: int = option(
+        512, "trainer.placement=split: size of each weight broadcast from the trainer to the rollout ranks (MiB)"
+    )
     free_cache_engine: bool = option(True, "Release the KV cache while training (sync mode), resume after")
     log_prob_micro_batch_size_per_gpu: int | None = option(
         None, "Samples per old-log-prob forward on one GPU; null = actor's ppo_micro_batch_size_per_gpu"
@@ -75,6 +78,12 @@ class RolloutConfig:
         check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", self.max_num_batched_tokens, "must be >= 1")
         check_positive_or_none("max_model_len", self.max_model_len)
         check_positive_or_none("num_scheduler_steps", self.num_scheduler_steps)
+        check(
+            self.update_weights_bucket_megabytes >= 1,
+            "update_weights_bucket_megabytes",
+            self.update_weights_bucket_megabytes,
+            "must be >= 1",
+        )
         sizes = self.cudagraph_capture_sizes
         check(sizes is None or all(s >= 1 for s in sizes), "cudagraph_capture_sizes", sizes, "sizes must be >= 1")
         check_positive_or_none("log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu)
