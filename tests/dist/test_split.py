@@ -27,7 +27,8 @@ from trainer_helpers import (  # noqa: E402
 )
 
 from nonstop.config import load_config  # noqa: E402
-from nonstop.dist.fsdp import full_named_parameters  # noqa: E402
+from nonstop.dist import current  # noqa: E402
+from nonstop.dist.fsdp import full_named_parameters, shard_model  # noqa: E402
 from nonstop.dist.placement import check_split, split_placement  # noqa: E402
 from nonstop.dist.weight_sync import bucket_plan  # noqa: E402
 from nonstop.rewards import RewardPool  # noqa: E402
@@ -58,6 +59,8 @@ def make_split_rank(run_dir: str, overrides: tuple[str, ...], seed: int = 0):
         )
         return worker
     model = tiny_model(seed)
+    if current().distributed:  # several trainer ranks: FSDP2 over their sub-group
+        shard_model(model, config.actor_rollout_ref.actor.fsdp_config, torch.device("cpu"), torch.float32)
     trainer = SplitTrainer(
         config,
         model,
@@ -86,25 +89,26 @@ def record_batches(trainer) -> list:
 
 
 def split_worker(rank: int, run_dir: str, overrides: tuple[str, ...]) -> None:
-    """Rank 0 writes its metrics, the uids and token versions it trained on, and its final weights; rank 1 its
-    engine's final weights."""
+    """Rank 0 writes its metrics, the uids and token versions it trained on, and its final weights; the last rank
+    (a rollout rank) its engine's final weights."""
     side = make_split_rank(run_dir, overrides)
     try:
-        if rank == 0:
-            batches = record_batches(side)
+        batches = record_batches(side) if isinstance(side, SplitTrainer) else []
         history = side.fit()
+        if isinstance(side, SplitTrainer):
+            params = {n: t.clone() for n, t in full_named_parameters(side.model)}  # a collective when sharded
         if rank == 0:
             trained = [[(s.uid, s.token_policy_versions) for s in b.samples] for b in batches]
             (Path(run_dir) / "history.json").write_text(json.dumps({"metrics": history, "trained": trained}))
-            save_file({n: t.clone() for n, t in full_named_parameters(side.model)}, f"{run_dir}/trainer.safetensors")
-        else:
+            save_file(params, f"{run_dir}/trainer.safetensors")
+        elif isinstance(side, RolloutWorker):
             save_file(dict(side.llm.model.named_parameters()), f"{run_dir}/engine.safetensors")
     finally:
         side.close()
 
 
-def run_split(tmp_path: Path, *overrides: str) -> tuple[list[dict], list]:
-    spawn(split_worker, 2, str(tmp_path), overrides)
+def run_split(tmp_path: Path, *overrides: str, world: int = 2) -> tuple[list[dict], list]:
+    spawn(split_worker, world, str(tmp_path), overrides)
     result = json.loads((tmp_path / "history.json").read_text())
     return result["metrics"], result["trained"]
 
@@ -147,6 +151,31 @@ def test_split_overlap_trains_every_sample_once_within_the_bound(tmp_path, overr
     assert max(m["async/staleness/max"] for m in history) == bound  # the rollout rank did run ahead
     assert all(m["actor/sync_logprob_diff"] < 1e-5 for m in history)
     assert all(0.0 <= m["rollouter/idle_ratio"] <= 1.0 and 0.0 <= m["trainer/idle_ratio"] <= 1.0 for m in history)
+
+
+def test_two_trainer_ranks_shard_the_actor_and_one_rollout_rank_feeds_both(tmp_path):
+    """Three ranks: FSDP2 over the two trainer ranks' sub-group, each training its balanced half of every block."""
+    history, trained = run_split(tmp_path, "trainer.total_training_steps=3", "trainer.mode=async", world=3)
+    assert len(trained) == 3 and all(len(samples) == 16 for samples in trained)  # half of 4 prompts x 8 samples
+    for m in history:
+        assert m["actor/sync_logprob_diff"] < 1e-5 and torch.isfinite(torch.tensor(m["actor/pg_loss"]))
+    engine, trainer = load_file(tmp_path / "engine.safetensors"), load_file(tmp_path / "trainer.safetensors")
+    for name, param in trainer.items():
+        torch.testing.assert_close(engine[name], param, rtol=0, atol=0, msg=name)
+
+
+def test_a_resumed_split_run_trains_the_blocks_after_its_checkpoint(tmp_path):
+    """The checkpoint stores the data position after its step's block (the rollout rank read further); the resumed
+    run hands it to the rollout rank, which generates from there on the checkpoint's weights."""
+    common = ("trainer.save_freq=2", "trainer.mode=async", "async_training.max_staleness=1")
+    run_split(tmp_path, "trainer.total_training_steps=2", *common)
+    history, trained = run_split(tmp_path, "trainer.total_training_steps=4", *common)
+    assert [m["training/global_step"] for m in history] == [3.0, 4.0]
+    assert [[uid for uid, _ in samples] for samples in trained] == [
+        [f"p{step * 4 + i}" for i in range(4) for _ in range(8)] for step in (2, 3)
+    ]
+    assert all(min(versions) >= 2 for samples in trained for _, versions in samples)
+    assert all(m["actor/sync_logprob_diff"] < 1e-5 for m in history)
 
 
 def failing_worker(rank: int, run_dir: str) -> None:
