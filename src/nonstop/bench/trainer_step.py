@@ -187,8 +187,12 @@ def nonstop_overrides(work: Path, args: argparse.Namespace) -> list[str]:
     ]
 
 
-def run_nonstop(work: Path, args: argparse.Namespace, prepare: Callable[[Any], None] | None = None) -> dict[str, Any]:
-    """`prepare(trainer)` adjusts the built trainer before its first step (bench modes: per-prompt max_tokens)."""
+def run_nonstop(
+    work: Path, args: argparse.Namespace, prepare: Callable[[Any], None] | None = None
+) -> dict[str, Any] | None:
+    """`prepare(trainer)` adjusts the built trainer before its first step (bench modes: per-prompt max_tokens).
+    None on a rollout rank of split placement, which steps along but measures nothing (its steps report no
+    metrics: they travel to the trainer ranks)."""
     from nonstop.config import load_config
     from nonstop.trainer import build_trainer
 
@@ -207,6 +211,8 @@ def run_nonstop(work: Path, args: argparse.Namespace, prepare: Callable[[Any], N
             print(f"nonstop step {step}: {times[-1]:.3f} s", flush=True)
     finally:
         trainer.close()
+    if not any(rows):
+        return None
     result = timed(times, args.warmup)
     kept = rows[args.warmup :]
     prefixes = ("timing_s/", "perf/", "response_length/", "critic/score/", "actor/", "trainer/", "rollouter/", "async/")

@@ -64,6 +64,9 @@ class RolloutConfig:
         "once per decode step for the whole group instead of once per sample. auto = on the steps where that skips "
         f">= {CASCADE_AUTO_MIN_SAVED:.0%} of the step's KV reads (docs/architecture.md)",
     )
+    update_weights_bucket_megabytes: int = option(
+        512, "trainer.placement=split: size of each weight broadcast from the trainer to the rollout ranks (MiB)"
+    )
     free_cache_engine: bool = option(True, "Release the KV cache while training (sync mode), resume after")
     log_prob_micro_batch_size_per_gpu: int | None = option(
         None, "Samples per old-log-prob forward on one GPU; null = actor's ppo_micro_batch_size_per_gpu"
@@ -88,6 +91,12 @@ class RolloutConfig:
         check_positive_or_none("max_model_len", self.max_model_len)
         check_positive_or_none("num_scheduler_steps", self.num_scheduler_steps)
         check_choice("cascade_attention", self.cascade_attention, CASCADE_CHOICES)
+        check(
+            self.update_weights_bucket_megabytes >= 1,
+            "update_weights_bucket_megabytes",
+            self.update_weights_bucket_megabytes,
+            "must be >= 1",
+        )
         sizes = self.cudagraph_capture_sizes
         check(sizes is None or all(s >= 1 for s in sizes), "cudagraph_capture_sizes", sizes, "sizes must be >= 1")
         check_positive_or_none("log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu)
