@@ -208,9 +208,11 @@ def test_a_failing_rollout_rank_ends_the_run_with_its_error(tmp_path):
     assert "injected engine failure" in (tmp_path / "error_1.txt").read_text()
     trainer_error = tmp_path / "error_0.txt"
     if trainer_error.exists():  # unless the launcher stopped rank 0 before it read the error block
-        assert "rollout rank 1 failed: RuntimeError: the rollouter thread failed (injected engine failure)" in (
-            trainer_error.read_text()
-        )
+        # Rank 0 reports the forwarded error, or (when rank 1 exited before rank 0 read it, seen on a loaded CPU)
+        # the closed connection to it; either way it stopped, and rank 1 printed the cause.
+        text = trainer_error.read_text()
+        forwarded = "rollout rank 1 failed: RuntimeError: the rollouter thread failed (injected engine failure)"
+        assert forwarded in text or "Connection closed by peer" in text, text
 
 
 def test_split_config_errors():
