@@ -74,7 +74,7 @@ def test_staged_plan_matches_the_block_tables(tiny_pair):
     assert np.all(host["cascade_prefix_lens"][:3] == 16)
 
 
-GPU_MEDIUM = dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=12,
+GPU_MEDIUM = dict(vocab_size=1024, hidden_size=768, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=12,
                   num_key_value_heads=2, max_position_embeddings=4096)  # fmt: skip
 
 

@@ -138,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
             result = run_mode(mode, work, args)
             if result is not None:
                 results[mode] = result
-                keep = ("step_s", "samples_per_s", "throughput", "kernel_busy_frac")
-                print(f"== {mode} done: " + json.dumps({k: result.get(k) for k in keep}), flush=True)  # kept on a timeout
+                keep = ("step_s", "samples_per_s", "throughput", "kernel_busy_frac")  # printed now: kept on a timeout
+                print(f"== {mode} done: " + json.dumps({k: result.get(k) for k in keep}), flush=True)
     reports = is_rank_zero()  # a trainer rank under split placement
     if world > 1:
         destroy_process_group()

@@ -198,7 +198,12 @@ def run_transformers(shape: str, model: CausalLM, prompts, out_lens, args) -> di
     assert out.shape[1] == width + max_new
     del hf
     torch.cuda.empty_cache()
-    return {"tok_s": sum(out_lens) / wall, "wall_s": wall, "wall_s_all": walls, "tokens_computed": len(prompts) * max_new}
+    return {
+        "tok_s": sum(out_lens) / wall,
+        "wall_s": wall,
+        "wall_s_all": walls,
+        "tokens_computed": len(prompts) * max_new,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
