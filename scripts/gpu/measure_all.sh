@@ -7,18 +7,12 @@
 #            still shows how far each got
 #   rollout  engine vs transformers.generate (issue 3); with BASE_SRC also the same bench on another commit's src/
 #            (`git archive <rev> src | tar -x -C .base`), for an A/B in one session
-#   trainer  GRPO step vs TRL 1.16 (issue 4);  logprob  fused log-prob/entropy kernels
+#   retest   GPU tests not yet run alone (engine, async, cascade engine, critic prefix grouping, critic, resume)
+#   trainer  GRPO step vs TRL 1.16 (issue 4);  trainer_fast  nonstop's step with resident KV and k = 8
+#   logprob  fused log-prob/entropy kernels
 #   modes    sync / one_step_off / async on one GPU (issue 7);  lora  LoRA vs full fine-tuning (issue 9)
 #   prefix   prefix-grouping sweep, both shapes, 2K/4K/8K prompts, n 4/8/16 (issue 8)
-set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl >/dev/null 2>&1
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-t() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
-  echo "=== $name rc=$rc $((SECONDS - t0))s"; grep -E "passed|failed|^E |FAILED|faster|tok/s|x the" "$OUT/$name.log" | tail -n 8; }
-gpu_test() { local name=$1 limit=$2; shift 2
-  t "$name" "$limit" python3 -m pytest -v -x --tb=short --durations=5 -p no:cacheprovider -m gpu "$@"; }
+source "$(dirname "$0")/common.sh"
 for step in ${STEPS:-tests rollout}; do case $step in
   tests)
     gpu_test t_profiling 60 tests/profiling/test_gpu.py &
@@ -29,6 +23,17 @@ for step in ${STEPS:-tests rollout}; do case $step in
     gpu_test t_async 240 tests/trainer/test_async_trainer_gpu.py &
     gpu_test t_reward 120 tests/rewards/test_reward_model.py &
     wait ;;
+  retest)  # the GPU tests still to run alone: two chains at once, the KV-sizing ones (fractions of GPU memory) apart
+    ( gpu_test t_engine 60 tests/rollout/test_engine_gpu.py
+      gpu_test t_async 110 tests/trainer/test_async_trainer_gpu.py -k overrides1 ) &
+    ( gpu_test t_cascade 60 tests/rollout/test_cascade_engine.py
+      gpu_test t_criticpg 40 tests/trainer/test_critic_prefix_grouping.py
+      gpu_test t_critic 100 tests/trainer/test_trainer_gpu.py -k "critic or resume" ) &
+    wait ;;
+  trainer_fast)  # nonstop only, KV kept resident and 8 decode steps per launch (host work overlapped)
+    t b_trainer_fast 100 python3 -m nonstop bench trainer --sides nonstop --override \
+      actor_rollout_ref.rollout.free_cache_engine=False actor_rollout_ref.rollout.num_scheduler_steps=8 \
+      --out "$OUT/trainer-fast.json" ;;
   rollout)
     if [ -n "${BASE_SRC:-}" ]; then
       t b_rollout_base 120 env PYTHONPATH=/tmp/site:$PWD/$BASE_SRC python3 -m nonstop bench rollout \
@@ -45,4 +50,4 @@ for step in ${STEPS:-tests rollout}; do case $step in
     --response-lens 512 --n 4,8,16 --out "$OUT/prefix.json" ;;
   *) echo "unknown step $step" ;;
 esac; done
-tar -czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls *.log) && rm -f "$OUT"/*.log
+pack_logs

@@ -9,15 +9,7 @@
 #          torchrun on 2 GPUs with 16 prompts x 8 (the same per-GPU workload)
 #   modes  issues 6 and 7: colocated sync (2-rank data parallel) vs split one_step_off / async (1 rollout + 1
 #          trainer GPU), long-tailed lengths (`bench modes` under torchrun)
-set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl >/dev/null 2>&1
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-t() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
-  echo "=== $name rc=$rc $((SECONDS - t0))s"; grep -E "passed|failed|^E |FAILED|PROBLEM|speedup|x$" "$OUT/$name.log" | tail -n 8; }
-gpu_test() { local name=$1 limit=$2; shift 2
-  t "$name" "$limit" python3 -m pytest -v -x --tb=short --durations=5 -p no:cacheprovider -m gpu "$@"; }
+source "$(dirname "$0")/common.sh"
 for step in ${STEPS:-side scale}; do case $step in
   side)
     ( export CUDA_VISIBLE_DEVICES=1
@@ -41,4 +33,4 @@ for step in ${STEPS:-side scale}; do case $step in
       --modes sync,split:one_step_off,split:async --out "$OUT/modes-2gpu.json" ;;
   *) echo "unknown step $step" ;;
 esac; done
-tar -czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls *.log) && rm -f "$OUT"/*.log
+pack_logs
