@@ -8,7 +8,8 @@
 #   rollout  engine vs transformers.generate (issue 3); with BASE_SRC also the same bench on another commit's src/
 #            (`git archive <rev> src | tar -x -C .base`), for an A/B in one session
 #   retest   GPU tests not yet run alone (engine, async, cascade engine, critic prefix grouping, critic, resume)
-#   trainer  GRPO step vs TRL 1.16 (issue 4);  trainer_fast  nonstop's step with resident KV and k = 8
+#   trainer  GRPO step vs TRL 1.16 (issue 4), plus nonstop with resident KV and k = 8 in the same run
+#   prefix_step  issue 8's whole GRPO step at 4K prompts x 8: ungrouped / grouped / grouped + cascade decode
 #   logprob  fused log-prob/entropy kernels
 #   modes    sync / one_step_off / async on one GPU (issue 7);  lora  LoRA vs full fine-tuning (issue 9)
 #   prefix   prefix-grouping sweep, both shapes, 2K/4K/8K prompts, n 4/8/16 (issue 8)
@@ -30,10 +31,6 @@ for step in ${STEPS:-tests rollout}; do case $step in
       gpu_test t_criticpg 40 tests/trainer/test_critic_prefix_grouping.py
       gpu_test t_critic 100 tests/trainer/test_trainer_gpu.py -k "critic or resume" ) &
     wait ;;
-  trainer_fast)  # nonstop only, KV kept resident and 8 decode steps per launch (host work overlapped)
-    t b_trainer_fast 100 python3 -m nonstop bench trainer --sides nonstop --override \
-      actor_rollout_ref.rollout.free_cache_engine=False actor_rollout_ref.rollout.num_scheduler_steps=8 \
-      --out "$OUT/trainer-fast.json" ;;
   rollout)
     if [ -n "${BASE_SRC:-}" ]; then
       t b_rollout_base 120 env PYTHONPATH=/tmp/site:$PWD/$BASE_SRC python3 -m nonstop bench rollout \
@@ -41,7 +38,15 @@ for step in ${STEPS:-tests rollout}; do case $step in
     fi
     t b_rollout 120 python3 -m nonstop bench rollout --shapes qwen2.5-0.5b --workloads fixed --num-scheduler-steps 1,8 \
       --out "$OUT/rollout.json" ;;
-  trainer) t b_trainer 150 python3 -m nonstop bench trainer --out "$OUT/trainer.json" ;;
+  trainer) t b_trainer 200 python3 -m nonstop bench trainer --variant resident_k8 \
+    actor_rollout_ref.rollout.free_cache_engine=False actor_rollout_ref.rollout.num_scheduler_steps=8 \
+    --out "$OUT/trainer.json" ;;
+  prefix_step)  # issue 8's whole step: ungrouped, grouped, grouped + cascade decode, in one run
+    t b_prefix_step 240 python3 -m nonstop bench trainer --sides nonstop --shape qwen2.5-1.5b --prompts 4 --n 8 \
+      --prompt-len 4096 --response-len 512 --warmup 1 --steps 3 --override actor_rollout_ref.actor.use_prefix_grouper=False \
+      --variant grouped actor_rollout_ref.actor.use_prefix_grouper=True \
+      --variant grouped_cascade actor_rollout_ref.actor.use_prefix_grouper=True actor_rollout_ref.rollout.cascade_attention=True \
+      --out "$OUT/prefix-step.json" ;;
   logprob) t b_logprob 40 python3 -m nonstop bench logprob --out "$OUT/logprob.json" ;;
   modes) t b_modes 200 python3 -m nonstop bench modes --model qwen2.5-0.5b --prompts 32 --n 8 --steps 6 --warmup 2 \
     --out "$OUT/modes.json" ;;
