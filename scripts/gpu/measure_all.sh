@@ -1,29 +1,58 @@
 #!/usr/bin/env bash
-# The open issues' H200 measurements, in two device calls of < 10 min each (PART=1, then PART=2 while the machine
-# is warm). GPU tests first, each file under its own limit with tracebacks; then the benchmarks, JSON into $OUT.
-#   PART=1 bash scripts/gpu/measure_all.sh    # GPU tests, trainer vs TRL (issue 4), engine vs transformers (issue 3)
-#   PART=2 bash scripts/gpu/measure_all.sh    # prefix grouping (8), overlap modes (7), LoRA vs full (9)
-set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl >/dev/null 2>&1
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-t() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
-  echo "=== $name rc=$rc $((SECONDS - t0))s"; grep -E "passed|failed|^E |FAILED|faster|tok/s|x the" "$OUT/$name.log" | tail -n 8; }
-gpu_test() { local name=$1 limit=$2; shift 2; t "$name" "$limit" python3 -m pytest -q -x --tb=short -p no:cacheprovider -m gpu "$@"; }
-if [ "${PART:-1}" = 1 ]; then
-  gpu_test t_profiling 40 tests/profiling/test_gpu.py
-  gpu_test t_engine 90 tests/rollout/test_engine_gpu.py
-  gpu_test t_kernels 90 tests/kernels
-  gpu_test t_trainer 120 tests/trainer/test_trainer_gpu.py tests/trainer/test_lora_trainer_gpu.py
-  gpu_test t_async 60 tests/trainer/test_async_trainer_gpu.py tests/rewards/test_reward_model.py
-  t b_trainer 150 python3 -m nonstop bench trainer --out "$OUT/trainer.json"
-  t b_logprob 40 python3 -m nonstop bench logprob --out "$OUT/logprob.json"
-  t b_rollout 100 python3 -m nonstop bench rollout --shapes qwen2.5-0.5b --workloads fixed --out "$OUT/rollout.json"
-else
-  t b_prefix 200 python3 -m nonstop bench prefix --models qwen2.5-1.5b,qwen3-1.7b --prompt-lens 4096 \
-    --response-lens 512 --n 8 --out "$OUT/prefix.json"
-  t b_modes 200 python3 -m nonstop bench modes --model qwen2.5-0.5b --prompts 32 --n 8 --steps 6 --warmup 2 \
-    --out "$OUT/modes.json"
-  t b_lora 150 python3 -m nonstop bench lora --out "$OUT/lora.json"
-fi
+# The open issues' H200 measurements as named steps, run in the order given, each under its own limit; logs and JSON
+# into $OUT, and every log also packed into $OUT/logs.tgz (a device call returns at most 8 files).
+#   STEPS="tests rollout lora" [BASE_SRC=.base/src] bash scripts/gpu/measure_all.sh
+# Steps:
+#   tests    every GPU test file group at once (tiny models: the GPU has room; 16 host cores), -v so a timeout
+#            still shows how far each got
+#   rollout  engine vs transformers.generate (issue 3); with BASE_SRC also the same bench on another commit's src/
+#            (`git archive <rev> src | tar -x -C .base`), for an A/B in one session
+#   retest   GPU tests not yet run alone (engine, async, cascade engine, critic prefix grouping, critic, resume)
+#   trainer  GRPO step vs TRL 1.16 (issue 4), plus nonstop with resident KV and k = 8 in the same run
+#   prefix_step  issue 8's whole GRPO step at 4K prompts x 8: ungrouped / grouped / grouped + cascade decode
+#   logprob  fused log-prob/entropy kernels
+#   modes    sync / one_step_off / async on one GPU (issue 7);  lora  LoRA vs full fine-tuning (issue 9)
+#   prefix   prefix-grouping sweep, both shapes, 2K/4K/8K prompts, n 4/8/16 (issue 8)
+source "$(dirname "$0")/common.sh"
+for step in ${STEPS:-tests rollout}; do case $step in
+  tests)
+    gpu_test t_profiling 60 tests/profiling/test_gpu.py &
+    gpu_test t_engine 150 tests/rollout/test_engine_gpu.py &
+    gpu_test t_kernels 240 tests/kernels tests/models/test_transformer_gpu.py &
+    gpu_test t_trainer 240 tests/trainer/test_trainer_gpu.py &
+    gpu_test t_lora 240 tests/trainer/test_lora_trainer_gpu.py &
+    gpu_test t_async 240 tests/trainer/test_async_trainer_gpu.py &
+    gpu_test t_reward 120 tests/rewards/test_reward_model.py &
+    wait ;;
+  retest)  # the GPU tests still to run alone: two chains at once, the KV-sizing ones (fractions of GPU memory) apart
+    ( gpu_test t_engine 60 tests/rollout/test_engine_gpu.py
+      gpu_test t_async 110 tests/trainer/test_async_trainer_gpu.py -k overrides1 ) &
+    ( gpu_test t_cascade 60 tests/rollout/test_cascade_engine.py
+      gpu_test t_criticpg 40 tests/trainer/test_critic_prefix_grouping.py
+      gpu_test t_critic 100 tests/trainer/test_trainer_gpu.py -k "critic or resume" ) &
+    wait ;;
+  rollout)
+    if [ -n "${BASE_SRC:-}" ]; then
+      t b_rollout_base 120 env PYTHONPATH=/tmp/site:$PWD/$BASE_SRC python3 -m nonstop bench rollout \
+        --shapes qwen2.5-0.5b --workloads fixed --out "$OUT/rollout-base.json"
+    fi
+    t b_rollout 120 python3 -m nonstop bench rollout --shapes qwen2.5-0.5b --workloads fixed --num-scheduler-steps 1,8 \
+      --out "$OUT/rollout.json" ;;
+  trainer) t b_trainer 200 python3 -m nonstop bench trainer --variant resident_k8 \
+    actor_rollout_ref.rollout.free_cache_engine=False actor_rollout_ref.rollout.num_scheduler_steps=8 \
+    --out "$OUT/trainer.json" ;;
+  prefix_step)  # issue 8's whole step: ungrouped, grouped, grouped + cascade decode, in one run
+    t b_prefix_step 240 python3 -m nonstop bench trainer --sides nonstop --shape qwen2.5-1.5b --prompts 4 --n 8 \
+      --prompt-len 4096 --response-len 512 --warmup 1 --steps 3 --override actor_rollout_ref.actor.use_prefix_grouper=False \
+      --variant grouped actor_rollout_ref.actor.use_prefix_grouper=True \
+      --variant grouped_cascade actor_rollout_ref.actor.use_prefix_grouper=True actor_rollout_ref.rollout.cascade_attention=True \
+      --out "$OUT/prefix-step.json" ;;
+  logprob) t b_logprob 40 python3 -m nonstop bench logprob --out "$OUT/logprob.json" ;;
+  modes) t b_modes 200 python3 -m nonstop bench modes --model qwen2.5-0.5b --prompts 32 --n 8 --steps 6 --warmup 2 \
+    --out "$OUT/modes.json" ;;
+  lora) t b_lora 150 python3 -m nonstop bench lora --out "$OUT/lora.json" ;;
+  prefix) t b_prefix 420 python3 -m nonstop bench prefix --models qwen2.5-1.5b,qwen3-1.7b --prompt-lens 2048,4096,8192 \
+    --response-lens 512 --n 4,8,16 --out "$OUT/prefix.json" ;;
+  *) echo "unknown step $step" ;;
+esac; done
+pack_logs

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
-from nonstop.bench import modes
+sys.path.insert(0, str(Path(__file__).parent.parent / "dist"))
+from dist_helpers import spawn  # noqa: E402
+
+from nonstop.bench import modes  # noqa: E402
 
 
 def test_response_budgets_are_long_tailed_and_the_same_for_a_prompt():
@@ -30,3 +35,26 @@ def test_bench_modes_runs_every_mode_on_cpu(tmp_path):
         if mode != "sync":
             assert 0.0 <= result["metrics"]["trainer/idle_ratio"] <= 1.0
             assert result["metrics"]["async/staleness/max"] <= 1
+
+
+def two_rank_bench(rank: int, out: str) -> None:
+    argv = "--model tiny --device cpu --prompts 2 --n 2 --prompt-len 8 --response-len 16 --median-response 6"
+    modes_arg = "sync,split:sync,split:async"
+    assert modes.main([*argv.split(), "--steps", "2", "--warmup", "1", "--modes", modes_arg, "--out", out]) == 0
+
+
+def test_bench_modes_compares_colocated_and_split_placement_on_two_ranks(tmp_path):
+    out = tmp_path / "modes.json"
+    spawn(two_rank_bench, 2, str(out))
+    payload = json.loads(out.read_text())
+    assert payload["world_size"] == 2
+    results = payload["results"]
+    assert list(results) == ["sync", "split:sync", "split:async"]
+    for mode, result in results.items():
+        assert result["samples_per_s"] > 0 and result["throughput"] > 0, mode
+        # The same global workload in every mode: all prompts' tokens, whether one rank or two trained them.
+        assert result["tokens_per_step"] == results["sync"]["tokens_per_step"], mode
+    for mode in ("split:sync", "split:async"):
+        metrics = results[mode]["metrics"]
+        assert metrics["timing_s/update_weights"] > 0 and metrics["actor/sync_logprob_diff"] < 1e-5
+        assert 0.0 <= metrics["rollouter/idle_ratio"] <= 1.0

@@ -113,3 +113,24 @@ def test_trl_side_end_to_end(tmp_path):
     result = trainer_step.run(TINY, args, tmp_path)
     assert trainer_step.problems(result, 6) == [], result
     assert result["trl"]["min_response_length"] == 6 and result["speedup"] > 0
+
+
+def test_variant_arguments_need_a_name_then_overrides():
+    args = trainer_step.parse_args(["--variant", "resident", "a.b=False", "c.d=8", "--variant", "x", "e=1"])
+    assert args.variant == [["resident", "a.b=False", "c.d=8"], ["x", "e=1"]]
+    for bad in (["--variant", "a.b=False"], ["--variant", "name"], ["--variant", "name", "no_equals"]):
+        with pytest.raises(SystemExit):
+            trainer_step.parse_args(bad)
+
+
+def test_a_variant_runs_with_its_overrides_and_reports_ratios(tmp_path):
+    # One sequence (5 + 6 tokens) per micro-batch: the variant's overrides reach its trainer.
+    small = ["actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=11"]
+    args = trainer_step.parse_args([*TINY_ARGS, "--sides", "nonstop", "--variant", "small", *small])
+    result = trainer_step.run(TINY, args, tmp_path)
+    side = result["variants"]["small"]
+    assert side["overrides"] == small and len(side["step_s_all"]) == 2
+    assert side["metrics"]["actor/num_micro_batches"] == 4 != result["nonstop"]["metrics"]["actor/num_micro_batches"]
+    assert side["speedup_vs_nonstop"] == pytest.approx(result["nonstop"]["step_s"] / side["step_s"])
+    assert "speedup_vs_trl" not in side  # no TRL side in this run
+    assert "small" in trainer_step.table(result) and trainer_step.problems(result, 6) == []

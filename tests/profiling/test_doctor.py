@@ -117,6 +117,13 @@ def test_group_samples_with_long_prompts_rank_shared_prompts_first(tmp_path):
     assert first.cause == "shared_prompts_recomputed"
     assert first.gpu_s_lost == pytest.approx(6.0 * (7 * 2000) / (8 * 2200) * NUM_STEPS)
     assert first.changes[0].startswith("actor_rollout_ref.actor.use_prefix_grouper=True")
+    assert len(first.changes) == 1  # 2,000-token prompts: below the size where cascade decode was measured to pay
+    long_prompts = {**metrics, "prompt_length/mean": 4096.0}
+    first = ranked(write_run(tmp_path / "long", config, long_prompts))[0]
+    assert first.changes[1].startswith("actor_rollout_ref.rollout.cascade_attention=True")
+    cascade_on = {**config, "actor_rollout_ref.rollout.cascade_attention": True}
+    on = ranked(write_run(tmp_path / "on", cascade_on, long_prompts))
+    assert len(on[0].changes) == 1  # already on: not suggested
     single = [f.cause for f in ranked(write_run(tmp_path / "n1", None, metrics))]
     assert "shared_prompts_recomputed" not in single
 

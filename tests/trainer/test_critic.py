@@ -215,12 +215,15 @@ def signed_low_fraction(data_source, solution_str, ground_truth, extra_info=None
     return sum(1 if int(t) < 16 else -1 for t in tokens) / max(1, len(tokens))
 
 
-def test_ppo_with_a_critic_improves_the_reward_and_explained_variance_rises(tmp_path):
-    """PPO end to end: GAE advantages from the critic's values, two critic-only warm-up steps, then the actor."""
+@pytest.mark.parametrize("grouper", ["auto", "True"])
+def test_ppo_with_a_critic_improves_the_reward_and_explained_variance_rises(tmp_path, grouper):
+    """PPO end to end: GAE advantages from the critic's values, two critic-only warm-up steps, then the actor; also
+    with every pass prefix-grouped (actor, critic values and update)."""
     trainer = make_trainer(
         tmp_path,
         (
             "algorithm.adv_estimator=gae",
+            f"actor_rollout_ref.actor.use_prefix_grouper={grouper}",
             "critic.optim.lr=1e-3",
             "critic.ppo_epochs=4",
             "critic.ppo_mini_batch_size=2",
@@ -240,3 +243,6 @@ def test_ppo_with_a_critic_improves_the_reward_and_explained_variance_rises(tmp_
     assert sum(scores[-3:]) / 3 > scores[0] + 0.3, scores
     assert sum(explained[-3:]) / 3 > sum(explained[:3]) / 3 + 0.05, explained
     assert all("critic/vf_loss" in m and "timing_s/values" in m and "timing_s/update_critic" in m for m in history)
+    if grouper == "True":
+        assert all(m["critic/prefix_grouped"] == 1.0 for m in history)
+        assert all(m["actor/prefix_grouped"] == 1.0 for m in history[4:])

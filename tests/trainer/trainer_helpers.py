@@ -80,22 +80,9 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def make_trainer(
-    run_dir,
-    overrides: tuple[str, ...] = (),
-    seed: int = 0,
-    validate: bool = False,
-    engine_copy: bool = False,
-    device: str = "cpu",
-    reward_fn=seven_fraction,
-    shard: bool = False,
-) -> SyncTrainer:
-    """`engine_copy`: the engine gets its own copy of the weights (as on CUDA, and always in the overlap modes
-    `trainer.mode=one_step_off|async`) instead of sharing the trainer's.
-    `device="cuda"`: the production CUDA path (`build_engine`: a bf16 engine copy; bf16 autocast updates).
-    `reward_fn`: the scorer, `(data_source, solution_str, ground_truth, extra_info) -> float`.
-    `shard`: FSDP2 over the initialised process group, after the engine took its copy (as `build_trainer` does)."""
-    config = load_config(
+def tiny_run_config(run_dir, overrides: tuple[str, ...] = ()):
+    """The trainer tests' config: 4 prompts x 8 samples, 8-token prompts and responses, 8 steps."""
+    return load_config(
         None,
         (
             "algorithm.adv_estimator=grpo",
@@ -114,6 +101,24 @@ def make_trainer(
             *overrides,
         ),
     )
+
+
+def make_trainer(
+    run_dir,
+    overrides: tuple[str, ...] = (),
+    seed: int = 0,
+    validate: bool = False,
+    engine_copy: bool = False,
+    device: str = "cpu",
+    reward_fn=seven_fraction,
+    shard: bool = False,
+) -> SyncTrainer:
+    """`engine_copy`: the engine gets its own copy of the weights (as on CUDA, and always in the overlap modes
+    `trainer.mode=one_step_off|async`) instead of sharing the trainer's.
+    `device="cuda"`: the production CUDA path (`build_engine`: a bf16 engine copy; bf16 autocast updates).
+    `reward_fn`: the scorer, `(data_source, solution_str, ground_truth, extra_info) -> float`.
+    `shard`: FSDP2 over the initialised process group, after the engine took its copy (as `build_trainer` does)."""
+    config = tiny_run_config(run_dir, overrides)
     torch.manual_seed(seed)
     model = tiny_model(seed).to(device)
     tokenizer = IdTokenizer()

@@ -1,5 +1,5 @@
 """`nonstop bench modes`: step throughput and kernel-busy fraction of `trainer.mode=sync`, `one_step_off` and
-`async`, in the same run, on the same GPU, on long-tailed response lengths.
+`async`, in the same run, on the same GPUs, on long-tailed response lengths.
 
 Workload: a random-weight model in a real shape (default Qwen2.5-0.5B; `--model tiny` for a CPU smoke run), GRPO
 with `--prompts` prompts × `--n` samples per step, every request's `max_tokens` drawn once per prompt from a
@@ -7,9 +7,16 @@ log-normal (median `--median-response`, capped at `--response-len`) with `ignore
 same tokens for the same prompt and only the overlap differs. Pseudo-random reward (trainer_step.py's), no KL.
 
 Per mode: median step wall time over `--steps` steps after `--warmup` (one `trainer.step` call: in the overlap modes
-the rollouter generates the next blocks meanwhile), throughput = (prompt + response tokens) / step time, the ratio
-to sync, `trainer/idle_ratio`, `rollouter/idle_ratio`, staleness, and the kernel-busy fraction (union of all CUDA
-kernels, both streams, over the step's wall time) from a torch.profiler trace of the first timed step.
+the rollouter generates the next blocks meanwhile), throughput = (prompt + response tokens) / step time, samples/s,
+the ratio to sync, `trainer/idle_ratio`, `rollouter/idle_ratio`, staleness, weight-sync time, and the kernel-busy
+fraction (union of all CUDA kernels, both streams, over the step's wall time) from a torch.profiler trace of the
+first timed step, on rank 0's GPU.
+
+Several GPUs: under `torchrun --nproc-per-node=N` every mode runs on all N ranks with the same global workload.
+A mode is `MODE` (colocated: N data-parallel ranks, each generating and training) or `split:MODE`
+(`trainer.placement=split`: `--rollout-gpus` ranks generate, the others train; rank 0, a trainer, measures and
+reports, and its kernel-busy fraction is the trainer GPU's). The default on 2+ ranks compares colocated `sync`
+with split `one_step_off` and `async`.
 """
 
 from __future__ import annotations
@@ -34,16 +41,24 @@ from nonstop.bench.trainer_step import (
     write_reward_fn,
     write_tokenizer_dir,
 )
+from nonstop.dist import destroy_process_group, init_process_group, is_rank_zero
 from nonstop.trainer.build import resolve_device
 
 MODES = ("sync", "one_step_off", "async")
+SPLIT_MODES = ("sync", "split:one_step_off", "split:async")  # the default on several ranks
 TINY = tiny_config(model_type="llama", vocab_size=64, max_position_embeddings=512)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="nonstop bench modes", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="qwen2.5-0.5b", help="a shape from bench/shapes.py, or tiny (CPU smoke run)")
-    p.add_argument("--modes", default=",".join(MODES), help="comma-separated trainer.mode values")
+    p.add_argument(
+        "--modes",
+        default=None,
+        help=f"comma-separated trainer.mode values, split:MODE for split placement (default {','.join(MODES)} on one "
+        f"rank, {','.join(SPLIT_MODES)} on several)",
+    )
+    p.add_argument("--rollout-gpus", type=int, default=1, help="rollout ranks of the split:MODE runs")
     p.add_argument("--prompts", type=int, default=32, help="prompts per step (data.train_batch_size)")
     p.add_argument("--n", type=int, default=8, help="samples per prompt")
     p.add_argument("--prompt-len", type=int, default=128)
@@ -67,16 +82,21 @@ def response_budget(prompt_token_ids: list[int], args: argparse.Namespace) -> in
     return int(np.clip(round(draw), 1, args.response_len))
 
 
-def run_mode(mode: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+def run_mode(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any] | None:
+    """One `MODE` or `split:MODE` run; None on a rollout rank (the trainer ranks report)."""
+    placement, _, mode = name.rpartition(":")
+    run_dir = work / f"run_{name.replace(':', '_')}"
     profiled = args.warmup + 1
     run_args = argparse.Namespace(**vars(args))
     run_args.override = [
         f"trainer.mode={mode}",
+        f"trainer.placement={'split' if placement == 'split' else 'colocate'}",
+        f"trainer.rollout_n_gpus={args.rollout_gpus}",
         f"async_training.max_staleness={args.max_staleness}",
         f"trainer.device={args.device}",
         "global_profiler.tool=torch",
         f"global_profiler.steps=[{profiled}]",
-        f"trainer.default_local_dir={work / f'run_{mode}'}",
+        f"trainer.default_local_dir={run_dir}",
         *args.override,
     ]
 
@@ -86,10 +106,13 @@ def run_mode(mode: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
         )
 
     result = run_nonstop(work, run_args, prepare=long_tail)
-    summary = work / f"run_{mode}" / "profile" / "summary.json"
+    if result is None:
+        return None
+    summary = run_dir / "profile" / "summary.json"
     traces = json.loads(summary.read_text()).get("traces", []) if summary.exists() else []
     wall = sum(t["wall_ms"] for t in traces)
     result["kernel_busy_frac"] = sum(t["busy_ms"] for t in traces) / wall if wall > 0 else None
+    result["samples_per_s"] = args.prompts * args.n / result["step_s"]
     result.pop("step_s_all", None)
     return result
 
@@ -97,10 +120,12 @@ def run_mode(mode: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = resolve_device(args.device)
+    # Under torchrun: join the ranks first, so each rank's GPU is its own before anything is allocated.
+    world = init_process_group(device.type, timeout_s=1800).world_size
     config = TINY if args.model == "tiny" else model_config(args.model)
-    modes = args.modes.split(",")
+    modes = (args.modes or ",".join(SPLIT_MODES if world > 1 else MODES)).split(",")
     results: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp:  # one per rank: each writes the same seeded files
         work = Path(tmp)
         write_model_dir(config, work / "model", device)
         write_tokenizer_dir(config.vocab_size, work / "tokenizer")
@@ -108,19 +133,36 @@ def main(argv: list[str] | None = None) -> int:
         write_prompts(work / "prompts.jsonl", prompt_texts(args.prompts * steps, args.prompt_len, config.vocab_size))
         write_reward_fn(work / "reward.py")
         for mode in modes:
-            print(f"== {mode}", flush=True)
-            results[mode] = run_mode(mode, work, args)
+            if is_rank_zero():
+                print(f"== {mode}", flush=True)
+            result = run_mode(mode, work, args)
+            if result is not None:
+                results[mode] = result
+                keep = ("step_s", "samples_per_s", "throughput", "kernel_busy_frac")  # printed now: kept on a timeout
+                print(f"== {mode} done: " + json.dumps({k: result.get(k) for k in keep}), flush=True)
+    reports = is_rank_zero()  # a trainer rank under split placement
+    if world > 1:
+        destroy_process_group()
+    if not reports:
+        return 0
+    print(table(results))
+    payload = {"benchmark": "modes", "env": environment(device), "world_size": world, "args": vars(args)}
+    write_result(args.out or default_result_path("modes"), {**payload, "results": results})
+    return 0
+
+
+def table(results: dict[str, Any]) -> str:
     base = results.get("sync", {}).get("throughput")
-    print(f"{'mode':<14}{'step s':>9}{'tok/s':>11}{'vs sync':>9}{'busy':>7}{'trainer idle':>14}{'rollouter idle':>16}")
+    nan = float("nan")
+    head = f"{'mode':<20}{'step s':>9}{'samples/s':>11}{'tok/s':>11}{'vs sync':>9}{'busy':>7}"
+    lines = [f"{head}{'trainer idle':>14}{'rollouter idle':>16}{'sync s':>9}"]
     for mode, r in results.items():
         m = r["metrics"]
         busy = r["kernel_busy_frac"]
-        print(
-            f"{mode:<14}{r['step_s']:>9.3f}{r['throughput']:>11.0f}"
-            f"{(r['throughput'] / base if base else float('nan')):>9.2f}"
-            f"{(busy if busy is not None else float('nan')):>7.2f}"
-            f"{m.get('trainer/idle_ratio', float('nan')):>14.2f}{m.get('rollouter/idle_ratio', float('nan')):>16.2f}"
+        lines.append(
+            f"{mode:<20}{r['step_s']:>9.3f}{r['samples_per_s']:>11.1f}{r['throughput']:>11.0f}"
+            f"{(r['throughput'] / base if base else nan):>9.2f}{(busy if busy is not None else nan):>7.2f}"
+            f"{m.get('trainer/idle_ratio', nan):>14.2f}{m.get('rollouter/idle_ratio', nan):>16.2f}"
+            f"{m.get('timing_s/update_weights', nan):>9.3f}"
         )
-    payload = {"benchmark": "modes", "env": environment(device), "args": vars(args), "results": results}
-    write_result(args.out or default_result_path("modes"), payload)
-    return 0
+    return "\n".join(lines)

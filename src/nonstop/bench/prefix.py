@@ -142,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     results = []
+    settings = {k: v for k, v in vars(args).items() if k != "out"}
+    out = args.out or default_result_path("prefix")
+    payload = {"environment": environment(device), "command": "nonstop bench prefix", "settings": settings}
     header = f"{'model':<14}{'P':>6}{'R':>6}{'n':>4}  {'pass':<13}{'ungrouped s':>12}{'grouped s':>11}{'speedup':>9}"
     print(header + f"{'peak GiB u/g':>16}")
     for name in args.models.split(","):
@@ -152,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                 batch = rollout_batch(args.groups, n, prompt_len, response_len, config.vocab_size)
                 case = run_case(actor, batch, args.warmup, args.repeats)
                 results.append({"model": name, "prompt_len": prompt_len, "response_len": response_len, "n": n, **case})
+                write_result(out, {**payload, "results": results})  # after every case: a time limit keeps the rest
                 for p in PASSES:
                     row = case[p]
                     peaks = (
@@ -166,9 +170,5 @@ def main(argv: list[str] | None = None) -> int:
             del actor
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    settings = {k: v for k, v in vars(args).items() if k != "out"}
-    out = args.out or default_result_path("prefix")
-    payload = {"environment": environment(device), "command": "nonstop bench prefix", "settings": settings}
-    write_result(out, {**payload, "results": results})
     print(json.dumps(results[-1]))
     return 0

@@ -15,6 +15,10 @@ checked and recorded.
 Step time: median wall time of `SyncTrainer.step` after warm-up steps, and, for TRL, from `on_step_begin` to
 `on_step_end` of a `TrainerCallback` (generation, reward, loss, backward and optimizer step all fall in between),
 with a device sync at every timestamp. Throughput = (prompt + response tokens) / step time, as `perf/throughput`.
+
+`--variant NAME KEY=VALUE ...` (repeatable) adds nonstop runs with more overrides on the same files, after the sides,
+each reported with its step-time ratio to the plain nonstop side and to TRL: an A/B inside one run (e.g. prefix
+grouping off vs on, the KV cache kept resident).
 """
 
 from __future__ import annotations
@@ -187,8 +191,12 @@ def nonstop_overrides(work: Path, args: argparse.Namespace) -> list[str]:
     ]
 
 
-def run_nonstop(work: Path, args: argparse.Namespace, prepare: Callable[[Any], None] | None = None) -> dict[str, Any]:
-    """`prepare(trainer)` adjusts the built trainer before its first step (bench modes: per-prompt max_tokens)."""
+def run_nonstop(
+    work: Path, args: argparse.Namespace, prepare: Callable[[Any], None] | None = None
+) -> dict[str, Any] | None:
+    """`prepare(trainer)` adjusts the built trainer before its first step (bench modes: per-prompt max_tokens).
+    None on a rollout rank of split placement, which steps along but measures nothing (its steps report no
+    metrics: they travel to the trainer ranks)."""
     from nonstop.config import load_config
     from nonstop.trainer import build_trainer
 
@@ -207,6 +215,8 @@ def run_nonstop(work: Path, args: argparse.Namespace, prepare: Callable[[Any], N
             print(f"nonstop step {step}: {times[-1]:.3f} s", flush=True)
     finally:
         trainer.close()
+    if not any(rows):
+        return None
     result = timed(times, args.warmup)
     kept = rows[args.warmup :]
     prefixes = ("timing_s/", "perf/", "response_length/", "critic/score/", "actor/", "trainer/", "rollouter/", "async/")
@@ -310,6 +320,16 @@ def table(result: dict[str, Any]) -> str:
             lines.append(f"{name:8} failed: {side['error']}")
             continue
         lines.append(f"{name:8} {side['step_s']:8.3f} {side['throughput']:9.0f} {side['min_response_length']:8.0f}")
+    for name, side in result.get("variants", {}).items():
+        if "error" in side:
+            lines.append(f"{name:8} failed: {side['error']}")
+            continue
+        ratios = ", ".join(
+            f"{v:.2f}x {k.removeprefix('speedup_vs_')}" for k, v in side.items() if k.startswith("speedup_vs_")
+        )
+        lines.append(
+            f"{name:8} {side['step_s']:8.3f} {side['throughput']:9.0f} {side['min_response_length']:8.0f}  {ratios}"
+        )
     if "speedup" in result:
         lines.append(f"nonstop's step is {result['speedup']:.1f}x faster than TRL's (median step time ratio)")
     metrics = result.get("nonstop", {}).get("metrics", {})
@@ -324,8 +344,8 @@ def table(result: dict[str, Any]) -> str:
 def problems(result: dict[str, Any], response_len: int) -> list[str]:
     """What makes the comparison invalid: a side that failed, or completions shorter than the forced length."""
     found = []
-    for name in SIDES:
-        side = result.get(name)
+    runs = {**{name: result.get(name) for name in SIDES}, **result.get("variants", {})}
+    for name, side in runs.items():
         if side is None:
             continue
         if "error" in side:
@@ -357,10 +377,34 @@ def run(model_config: ModelConfig, args: argparse.Namespace, work: Path) -> dict
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
+    for name, *overrides in args.variant:
+        variant_args = argparse.Namespace(**{**vars(args), "override": [*args.override, *overrides]})
+        try:
+            side = run_nonstop(work, variant_args)
+        except Exception as e:
+            traceback.print_exc()
+            side = {"error": f"{type(e).__name__}: {e}"}
+        finally:
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        if side is not None:
+            side["overrides"] = overrides
+            for base in ("nonstop", "trl"):
+                if "step_s" in side and "step_s" in result.get(base, {}):
+                    side[f"speedup_vs_{base}"] = result[base]["step_s"] / side["step_s"]
+            result.setdefault("variants", {})[name] = side
     ours, theirs = result.get("nonstop", {}), result.get("trl", {})
     if "step_s" in ours and "step_s" in theirs:
         result["speedup"] = theirs["step_s"] / ours["step_s"]
     return result
+
+
+def variant(values: list[str]) -> list[str]:
+    """`--variant NAME KEY=VALUE ...`: a name, then at least one override."""
+    if len(values) < 2 or "=" in values[0] or any("=" not in v for v in values[1:]):
+        raise argparse.ArgumentTypeError(f"--variant takes a NAME then KEY=VALUE overrides; got {' '.join(values)!r}")
+    return values
 
 
 def sides(value: str) -> list[str]:
@@ -384,6 +428,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=1e-6, help="learning rate of both sides")
     p.add_argument("--trl-micro-batch", type=int, default=None, help="TRL per-device batch (default prompts × n)")
     p.add_argument("--override", nargs="*", default=[], metavar="KEY=VALUE", help="more nonstop config overrides")
+    p.add_argument(
+        "--variant",
+        action="append",
+        nargs="+",
+        default=[],
+        metavar="NAME KEY=VALUE",
+        help="another nonstop run with these overrides too, in the same run (repeatable)",
+    )
     p.add_argument("--work-dir", default=None, help="keep the model, data and runs here (default: a temp dir)")
     p.add_argument(
         "--out",
@@ -396,12 +448,34 @@ def parser() -> argparse.ArgumentParser:
 
 
 def workload(args: argparse.Namespace) -> dict[str, Any]:
-    keys = ("prompts", "n", "prompt_len", "response_len", "warmup", "steps", "lr", "trl_micro_batch", "override")
+    keys = (
+        "prompts",
+        "n",
+        "prompt_len",
+        "response_len",
+        "warmup",
+        "steps",
+        "lr",
+        "trl_micro_batch",
+        "override",
+        "variant",
+    )
     return {k: getattr(args, k) for k in keys}
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = parser()
+    args = p.parse_args(argv)
+    for values in args.variant:
+        try:
+            variant(values)
+        except argparse.ArgumentTypeError as e:
+            p.error(str(e))
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = parse_args(argv)
     from nonstop.bench.env import default_result_path, environment, work_dir, write_result
     from nonstop.bench.shapes import model_config
     from nonstop.dist import is_rank_zero

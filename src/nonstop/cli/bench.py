@@ -7,6 +7,7 @@ import importlib
 
 # name -> module with `main(argv) -> int`; imported lazily so `nonstop --help` stays fast.
 BENCHMARKS = {
+    "cascade": "nonstop.bench.cascade",
     "decode-attention": "nonstop.bench.decode_attention",
     "lora": "nonstop.bench.lora",
     "logprob": "nonstop.bench.logprob",

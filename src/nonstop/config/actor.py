@@ -48,7 +48,8 @@ class ActorConfig:
     ppo_max_token_len_per_gpu: int = option(16384, "Token budget of one micro-batch when use_dynamic_bsz")
     use_prefix_grouper: bool | str = option(
         "auto",
-        "Compute each GRPO group's shared prompt once in every log-prob pass (pack [prompt | r1 | … | rn]); "
+        "Compute each GRPO group's shared prompt once in every log-prob pass (pack [prompt | r1 | … | rn]), and in the "
+        "critic's unless critic.use_prefix_grouper is set; "
         f"auto = when that skips >= {PREFIX_GROUPER_AUTO_MIN_SAVED:.0%} of the batch's tokens",
     )
     ppo_epochs: int = option(1, "Passes over each step's batch")

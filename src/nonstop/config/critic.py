@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .actor import LOSS_AGG_MODES
+from .actor import LOSS_AGG_MODES, PREFIX_GROUPER_CHOICES
 from .errors import check, check_choice, check_positive_or_none
 from .optim import FSDPConfig, OptimConfig
 from .spec import option, section
@@ -35,6 +35,11 @@ class CriticConfig:
     forward_max_token_len_per_gpu: int | None = option(
         None, "Token budget of one value forward; null = ppo_max_token_len_per_gpu"
     )
+    use_prefix_grouper: bool | str | None = option(
+        None,
+        "Compute each GRPO group's shared prompt once in the values pass and the update (true, false, auto); "
+        "null = actor_rollout_ref.actor.use_prefix_grouper",
+    )
     ppo_epochs: int | None = option(None, "Passes over each step's batch; null = the actor's")
     shuffle: bool | None = option(None, "Shuffle between mini-batches; null = the actor's")
     cliprange_value: float = option(0.5, "Clip range of the value loss")
@@ -57,6 +62,8 @@ class CriticConfig:
             "must be >= 1",
         )
         check(self.cliprange_value >= 0, "cliprange_value", self.cliprange_value, "must be >= 0")
+        if self.use_prefix_grouper is not None:
+            check_choice("use_prefix_grouper", self.use_prefix_grouper, PREFIX_GROUPER_CHOICES)
         if self.loss_agg_mode is not None:
             check_choice("loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
         check(self.grad_clip > 0, "grad_clip", self.grad_clip, "must be > 0")

@@ -8,6 +8,12 @@ from .errors import check, check_choice, check_positive_or_none
 from .optim import DTYPES
 from .spec import option, section
 
+CASCADE_CHOICES = (True, False, "auto")
+# `cascade_attention=auto` runs a decode step through the cascade kernels when the shared-prefix reads they skip,
+# Σ_tiles (members - 1) × prefix tokens, are at least this share of the step's KV reads (Σ context lengths): below it
+# the extra launches and the partials' round trip are not paid back (rollout/cascade.py, `nonstop bench cascade`).
+CASCADE_AUTO_MIN_SAVED = 0.25
+
 
 def _check_sampling(temperature: float, top_k: int, top_p: float, n: int) -> None:
     check(temperature >= 0, "temperature", temperature, "must be >= 0")
@@ -52,6 +58,15 @@ class RolloutConfig:
         "(nonstop) Decode steps chained on the device per engine step when only decoding; null = 1. k > 1 is "
         "experimental on CUDA: same outputs, but slower than k = 1 on the H200 so far (docs/architecture.md)",
     )
+    cascade_attention: bool | str = option(
+        False,
+        "(nonstop) Shared-prefix decode attention: the KV blocks a GRPO group's samples share (their prompt) are read "
+        "once per decode step for the whole group instead of once per sample. auto = on the steps where that skips "
+        f">= {CASCADE_AUTO_MIN_SAVED:.0%} of the step's KV reads (docs/architecture.md)",
+    )
+    update_weights_bucket_megabytes: int = option(
+        512, "trainer.placement=split: size of each weight broadcast from the trainer to the rollout ranks (MiB)"
+    )
     free_cache_engine: bool = option(True, "Release the KV cache while training (sync mode), resume after")
     log_prob_micro_batch_size_per_gpu: int | None = option(
         None, "Samples per old-log-prob forward on one GPU; null = actor's ppo_micro_batch_size_per_gpu"
@@ -75,6 +90,13 @@ class RolloutConfig:
         check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", self.max_num_batched_tokens, "must be >= 1")
         check_positive_or_none("max_model_len", self.max_model_len)
         check_positive_or_none("num_scheduler_steps", self.num_scheduler_steps)
+        check_choice("cascade_attention", self.cascade_attention, CASCADE_CHOICES)
+        check(
+            self.update_weights_bucket_megabytes >= 1,
+            "update_weights_bucket_megabytes",
+            self.update_weights_bucket_megabytes,
+            "must be >= 1",
+        )
         sizes = self.cudagraph_capture_sizes
         check(sizes is None or all(s >= 1 for s in sizes), "cudagraph_capture_sizes", sizes, "sizes must be >= 1")
         check_positive_or_none("log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu)

@@ -90,7 +90,15 @@ class NonstopConfig:
                 log_prob.log_prob_max_token_len_per_gpu = actor.ppo_max_token_len_per_gpu
         if critic.enable is None:
             critic.enable = self.algorithm.adv_estimator == "gae"
-        for key in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "use_dynamic_bsz", "ppo_epochs", "shuffle"):
+        inherited = (
+            "ppo_mini_batch_size",
+            "ppo_micro_batch_size_per_gpu",
+            "use_dynamic_bsz",
+            "use_prefix_grouper",
+            "ppo_epochs",
+            "shuffle",
+        )
+        for key in inherited:
             if getattr(critic, key) is None:
                 setattr(critic, key, getattr(actor, key))
         if critic.loss_agg_mode is None:

@@ -8,6 +8,7 @@ from .errors import check, check_choice, check_positive_or_none
 from .spec import option
 
 MODES = ("sync", "one_step_off", "async")
+PLACEMENTS = ("colocate", "split")
 DEVICES = ("auto", "cuda", "cpu")
 LOGGERS = ("console", "wandb", "tensorboard")
 RESUME_MODES = ("auto", "disable", "resume_path")
@@ -27,6 +28,14 @@ class TrainerConfig:
     n_gpus_per_node: int | None = option(
         None,
         "GPUs (ranks) per node; > 1 outside torchrun launches them; null = torchrun's ranks, else 1",
+    )
+    placement: str = option(
+        "colocate",
+        "(nonstop) colocate: every rank generates and trains; split: the last trainer.rollout_n_gpus ranks only "
+        "generate, the others only train (docs/multi-gpu.md)",
+    )
+    rollout_n_gpus: int = option(
+        1, "(nonstop) trainer.placement=split: ranks (GPUs, over all nodes) that only generate; the rest train"
     )
     balance_batch: bool = option(True, "Balance tokens across data-parallel ranks")
     critic_warmup: int = option(0, "Steps training only the critic before the actor")
@@ -61,6 +70,16 @@ class TrainerConfig:
         check_positive_or_none("total_training_steps", self.total_training_steps)
         check(self.nnodes >= 1, "nnodes", self.nnodes, "must be >= 1")
         check_positive_or_none("n_gpus_per_node", self.n_gpus_per_node)
+        check_choice("placement", self.placement, PLACEMENTS)
+        check(self.rollout_n_gpus >= 1, "rollout_n_gpus", self.rollout_n_gpus, "must be >= 1 (a rollout rank)")
+        if self.placement == "split" and self.n_gpus_per_node is not None:
+            world = self.n_gpus_per_node * self.nnodes
+            check(
+                self.rollout_n_gpus < world,
+                "rollout_n_gpus",
+                self.rollout_n_gpus,
+                f"must leave at least one of the {world} GPUs (n_gpus_per_node x nnodes) for training",
+            )
         check(self.critic_warmup >= 0, "critic_warmup", self.critic_warmup, "must be >= 0")
         for name in self.logger:
             check_choice("logger", name, LOGGERS)

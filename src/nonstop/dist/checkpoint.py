@@ -10,13 +10,15 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from nonstop.dist.process_group import current
+
 SHARDED_DIR = "dcp"
 
 
 def save_sharded(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """A collective: every rank calls it with the same `path` (on a file system all ranks see)."""
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(path))
+    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(path), process_group=current().group)
 
 
 def load_sharded(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -24,5 +26,5 @@ def load_sharded(path: Path, model: torch.nn.Module, optimizer: torch.optim.Opti
     any rank count matches."""
     model_sd, optim_sd = get_state_dict(model, optimizer)  # also creates the optimizer state DCP fills
     state = {"model": model_sd, "optimizer": optim_sd}
-    dcp.load(state, checkpoint_id=str(path))
+    dcp.load(state, checkpoint_id=str(path), process_group=current().group)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])

@@ -12,16 +12,18 @@ from nonstop.dist.process_group import current
 
 def all_reduce_sum_(tensor: torch.Tensor) -> torch.Tensor:
     """Sum `tensor` over ranks in place (it must live on the rank's device: CUDA under NCCL, CPU under gloo)."""
-    if current().distributed:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    info = current()
+    if info.distributed:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=info.group)
     return tensor
 
 
 def all_reduce_max(value: int, device: torch.device) -> int:
-    if not current().distributed:
+    info = current()
+    if not info.distributed:
         return value
     tensor = torch.tensor(value, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=info.group)
     return int(tensor.item())
 
 
@@ -31,17 +33,33 @@ def all_gather_objects(obj: Any) -> list[Any]:
     if not info.distributed:
         return [obj]
     gathered: list[Any] = [None] * info.world_size
-    dist.all_gather_object(gathered, obj)
+    dist.all_gather_object(gathered, obj, group=info.group)
     return gathered
 
 
+def send_object(obj: Any, dst: int, group: Any) -> None:
+    """`obj` (picklable) to global rank `dst` over `group` (a gloo group: the bytes travel through CPU memory)."""
+    dist.send_object_list([obj], dst=dst, group=group)
+
+
+def recv_object(src: int, group: Any) -> Any:
+    """The next object global rank `src` sent this rank over `group`."""
+    box: list[Any] = [None]
+    dist.recv_object_list(box, src=src, group=group)
+    return box[0]
+
+
 def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:
-    """One metrics dict for the whole run from every rank's: `*/max` the maximum, `*/min` the minimum,
-    `perf/total_num_tokens` the sum, anything else the mean over the ranks that report it (ranks hold equal
-    numbers of samples, so a mean of per-rank sample means is the global sample mean)."""
-    per_rank = all_gather_objects(metrics)
+    """One metrics dict for the whole run from every rank's (`merge_metrics`)."""
+    return merge_metrics(all_gather_objects(metrics))
+
+
+def merge_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """`*/max` the maximum, `*/min` the minimum, `perf/total_num_tokens` the sum, anything else the mean over the
+    ranks that report it (ranks hold equal numbers of samples, so a mean of per-rank sample means is the global
+    sample mean)."""
     if len(per_rank) == 1:
-        return metrics
+        return per_rank[0]
     keys = sorted({k for m in per_rank for k in m})
     out = {}
     for key in keys:

@@ -30,14 +30,20 @@ def rank_share(items: Sequence[T], info: DistInfo, even: bool = True) -> tuple[i
 
 
 def balance_batch(batch: RolloutBatch, scores_B: torch.Tensor, info: DistInfo) -> tuple[RolloutBatch, torch.Tensor]:
-    """Every rank's samples and scores gathered, then re-split by token count with whole groups (same uid) per
-    rank and the same number of groups on each; returns this rank's part, groups in their gathered order."""
+    """Every rank's samples and scores gathered, then re-split by token count (`balanced_share`)."""
     if not info.distributed:
         return batch, scores_B
     gathered = all_gather_objects((batch.samples, scores_B.tolist()))
     samples = [s for part, _ in gathered for s in part]
     scores = [x for _, part in gathered for x in part]
+    return balanced_share(RolloutBatch(samples, batch.max_response_length), torch.tensor(scores, dtype=scores_B.dtype), info)
+
+
+def balanced_share(batch: RolloutBatch, scores_B: torch.Tensor, info: DistInfo) -> tuple[RolloutBatch, torch.Tensor]:
+    """This rank's part of a batch every rank holds whole: whole groups (same uid), the same number on each rank,
+    split to even out token counts (Karmarkar–Karp); groups in their batch order."""
+    samples = batch.samples
     costs = [len(s.prompt_token_ids) + len(s.response_token_ids) for s in samples]
     rows = balance_across_ranks(costs, info.world_size, group_ids=[s.uid for s in samples])[info.rank]
     local = RolloutBatch([samples[i] for i in rows], batch.max_response_length)
-    return local, torch.tensor([scores[i] for i in rows], dtype=scores_B.dtype)
+    return local, scores_B[rows]

@@ -13,25 +13,34 @@ directly, but gloo has no PREMUL_SUM reduction.
 from __future__ import annotations
 
 import torch
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from nonstop.config.optim import FSDPConfig
+from nonstop.dist.process_group import current
 
 
 def shard_model(model: torch.nn.Module, config: FSDPConfig, device: torch.device, compute_dtype: torch.dtype) -> None:
-    """Shard `model` (a `CausalLM` on `device`) in place over the default process group."""
+    """Shard `model` (a `CausalLM` on `device`) in place over the ranks that train (`current()`'s group: the
+    world, or the trainer ranks under split placement)."""
     param_dtype = compute_dtype if device.type == "cuda" else torch.float32
     mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     offload = CPUOffloadPolicy() if config.param_offload else OffloadPolicy()
+    group = current().group
+    mesh = None if group is None else DeviceMesh.from_group(group, device.type)
     layers = list(model.model.layers)
     for layer in layers:
         fully_shard(
-            layer, mp_policy=mp_policy, offload_policy=offload, reshard_after_forward=config.reshard_after_forward
+            layer,
+            mesh=mesh,
+            mp_policy=mp_policy,
+            offload_policy=offload,
+            reshard_after_forward=config.reshard_after_forward,
         )
     # The root keeps its parameters gathered after forward (FSDP2's default for the root): the lm_head runs after
     # `forward`, chunk by chunk, in `response_logprobs`.
-    fully_shard(model, mp_policy=mp_policy, offload_policy=offload, reshard_after_forward=False)
+    fully_shard(model, mesh=mesh, mp_policy=mp_policy, offload_policy=offload, reshard_after_forward=False)
     if config.forward_prefetch:
         for layer, next_layer in zip(layers, layers[1:], strict=False):
             layer.set_modules_to_forward_prefetch([next_layer])

@@ -3,6 +3,10 @@
 Ranks come from `torchrun`'s environment (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`); without
 it the process is the only rank and nothing here starts a group. Every collective has the timeout of
 `trainer.dist_timeout_s`, so a rank that died or hangs ends the others with an error instead of a hang.
+
+`current()` is the layout of the ranks that train together: the whole world, or under split placement
+(dist/placement.py) the trainer ranks' sub-group, which `use_train_group` installs. The trainer code (FSDP, the
+actor's all-reduces, checkpoints, metrics) runs on that group and never sees the rollout ranks.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -22,6 +27,7 @@ class DistInfo:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    group: Any = None  # the ranks' process group; None = the default (world) group
 
     @property
     def distributed(self) -> bool:
@@ -55,12 +61,24 @@ def init_process_group(device_type: str, timeout_s: float) -> DistInfo:
     return info
 
 
+_train_group: Any = None
+
+
+def use_train_group(group: Any) -> None:
+    """From now on `current()` (and every collective the trainer runs) is `group`'s: this rank trains with its
+    members only. A process group of which this rank is a member."""
+    global _train_group
+    _train_group = group
+
+
 def current() -> DistInfo:
-    """This process's rank layout: the initialised group's, else a single rank."""
+    """This process's rank layout in the group it trains with (`use_train_group`, else the world); a single rank
+    when no process group is initialised."""
     if not dist.is_available() or not dist.is_initialized():
         return DistInfo()
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank)
+    group = _train_group
+    return DistInfo(dist.get_rank(group), dist.get_world_size(group), local_rank, group)
 
 
 def is_rank_zero() -> bool:
@@ -68,10 +86,12 @@ def is_rank_zero() -> bool:
 
 
 def barrier() -> None:
-    if current().distributed:
-        dist.barrier()
+    info = current()
+    if info.distributed:
+        dist.barrier(group=info.group)
 
 
 def destroy_process_group() -> None:
+    use_train_group(None)
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

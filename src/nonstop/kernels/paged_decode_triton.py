@@ -35,6 +35,67 @@ _MAX_SPLITS = 64
 
 
 @triton.jit
+def attend_tiles(
+    q,
+    m_i,
+    l_i,
+    acc,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_table_ptr,
+    kv_head,
+    tile_start,
+    tile_end,
+    token_base,
+    token_end,
+    scale_log2,
+    stride_kp,
+    stride_kb,
+    stride_kk,
+    stride_vp,
+    stride_vb,
+    stride_vk,
+    E: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Online softmax of the query tile `q` [rows, E] over tiles `tile_start..tile_end` of the tokens
+    `token_base + tile * TILE_N + t` (those below `token_end` are valid) of one block table, one kv head; returns the
+    updated running max, sum (log2 units) and unnormalized output. Shared by the paged decode kernel and the cascade
+    kernels (cascade_decode_triton.py). `token_base` must be a multiple of PAGE_SIZE when PAGE_SIZE >= TILE_N (0, or
+    a whole-block prefix), so that every tile sits in one block."""
+    offs_e = tl.arange(0, E)
+    offs_t = tl.arange(0, TILE_N)
+    for tile in range(tile_start, tile_end):
+        tokens = token_base + tile * TILE_N + offs_t
+        mask_t = tokens < token_end
+        if PAGE_SIZE >= TILE_N:
+            # Tiles are aligned and PAGE_SIZE is a multiple of TILE_N, so the whole tile sits in one block.
+            block = tl.load(block_table_ptr + (token_base + tile * TILE_N) // PAGE_SIZE).to(tl.int64)
+        else:
+            # Masked so padding entries of the block table (any value) are never read.
+            block = tl.load(block_table_ptr + tokens // PAGE_SIZE, mask=mask_t, other=0).to(tl.int64)
+        slots = tokens % PAGE_SIZE
+        k_offs = block * stride_kp + slots * stride_kb + kv_head * stride_kk
+        v_offs = block * stride_vp + slots * stride_vb + kv_head * stride_vk
+        # other=0 keeps stale bytes (possibly NaN) past the context out of the p @ v product.
+        k = tl.load(k_cache_ptr + k_offs[:, None] + offs_e[None, :], mask=mask_t[:, None], other=0.0)
+        v = tl.load(v_cache_ptr + v_offs[:, None] + offs_e[None, :], mask=mask_t[:, None], other=0.0)
+
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+        scores = tl.where(mask_t[None, :], scores, float("-inf"))
+        # Every tile in range holds at least one valid token, so m_new is finite from the first tile on.
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _paged_decode_split_kernel(
     q_ptr,
     k_cache_ptr,
@@ -80,7 +141,6 @@ def _paged_decode_split_kernel(
 
     offs_g = tl.arange(0, G_PAD)
     offs_e = tl.arange(0, E)
-    offs_t = tl.arange(0, TILE_N)
     heads = kv_head * G + offs_g
     mask_g = offs_g < G
 
@@ -89,33 +149,12 @@ def _paged_decode_split_kernel(
     m_i = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([G_PAD], dtype=tl.float32)
     acc = tl.zeros([G_PAD, E], dtype=tl.float32)
-
-    block_table_ptr = block_tables_ptr + n * stride_btn
-    for tile in range(tile_start, tile_end):
-        tokens = tile * TILE_N + offs_t
-        mask_t = tokens < context_len
-        if PAGE_SIZE >= TILE_N:
-            # Tiles are aligned and PAGE_SIZE is a multiple of TILE_N, so the whole tile sits in one block.
-            block = tl.load(block_table_ptr + (tile * TILE_N) // PAGE_SIZE).to(tl.int64)
-        else:
-            # Masked so padding entries of the block table (any value) are never read.
-            block = tl.load(block_table_ptr + tokens // PAGE_SIZE, mask=mask_t, other=0).to(tl.int64)
-        slots = tokens % PAGE_SIZE
-        k_offs = block * stride_kp + slots * stride_kb + kv_head * stride_kk
-        v_offs = block * stride_vp + slots * stride_vb + kv_head * stride_vk
-        # other=0 keeps stale bytes (possibly NaN) past the context out of the p @ v product.
-        k = tl.load(k_cache_ptr + k_offs[:, None] + offs_e[None, :], mask=mask_t[:, None], other=0.0)
-        v = tl.load(v_cache_ptr + v_offs[:, None] + offs_e[None, :], mask=mask_t[:, None], other=0.0)
-
-        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
-        scores = tl.where(mask_t[None, :], scores, float("-inf"))
-        # Every tile in range holds at least one valid token, so m_new is finite from the first tile on.
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(scores - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+    # Tokens 0..context_len of the sequence's own block table.
+    m_i, l_i, acc = attend_tiles(
+        q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block_tables_ptr + n * stride_btn, kv_head, tile_start, tile_end,
+        0, context_len, scale_log2, stride_kp, stride_kb, stride_kk, stride_vp, stride_vb, stride_vk,
+        E=E, PAGE_SIZE=PAGE_SIZE, TILE_N=TILE_N, DOT_PRECISION=DOT_PRECISION,
+    )  # fmt: skip
 
     # l_i is 0 only for an empty sequence (context_len == 0, e.g. CUDA-graph batch padding): write zeros.
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]

@@ -179,7 +179,10 @@ class RewardPool:
         with self._cond:
             w, self._window = self._window, _Window()
         wall = w.last_result - w.first_submit if w.last_result is not None and w.first_submit is not None else 0.0
-        critical = max(0.0, w.last_result - w.last_submit) if w.last_result is not None else 0.0
+        # A window can hold results without submits: under the overlap modes scoring of samples submitted before
+        # the previous call can finish after it.
+        scored_after_submit = w.last_result is not None and w.last_submit is not None
+        critical = max(0.0, w.last_result - w.last_submit) if scored_after_submit else 0.0
         return {
             "reward/num_scored": float(w.scored),
             "reward/errors": float(w.errors),

@@ -11,8 +11,8 @@ and vLLM's `merge_attn_states` do:
 
     o = (o_a e^(lse_a - m) + o_b e^(lse_b - m)) / (e^(lse_a - m) + e^(lse_b - m)),   m = max(lse_a, lse_b)
 
-This is the plain PyTorch reference of that split and merge (what a fused kernel for the engine must equal); the
-engine's paged Triton decode kernel does not use it yet.
+This is the plain PyTorch reference of that split and merge on dense K/V; the engine runs it over the paged cache
+(`nonstop.kernels.cascade_decode`, whose `attention_with_lse` and `merge_attention_states` it uses).
 
 Legend: N samples of one group, H query heads, K KV heads, G = H / K, E head dim, P prefix tokens, S suffix tokens
 (padded to the longest suffix of the group).
@@ -20,31 +20,10 @@ Legend: N samples of one group, H query heads, K KV heads, G = H / K, E head dim
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
-
-def attention_with_lse(q_KME: Tensor, k_KLE: Tensor, v_KLE: Tensor, mask_KML: Tensor | None = None):
-    """Softmax attention of M query rows per KV head over L keys, fp32 math: output `[K, M, E]` and log-sum-exp
-    `[K, M]` of the scaled scores (-inf, with a zero output, where a row sees no key)."""
-    scores_KML = (q_KME.float() @ k_KLE.float().transpose(1, 2)) / math.sqrt(q_KME.shape[-1])
-    if mask_KML is not None:
-        scores_KML = scores_KML.masked_fill(~mask_KML, float("-inf"))
-    lse_KM = torch.logsumexp(scores_KML, dim=-1)
-    p_KML = torch.exp(scores_KML - lse_KM.nan_to_num(neginf=0.0)[..., None])  # rows without keys: exp(-inf) = 0
-    return p_KML @ v_KLE.float(), lse_KM
-
-
-def merge_attention_states(o_a: Tensor, lse_a: Tensor, o_b: Tensor, lse_b: Tensor) -> tuple[Tensor, Tensor]:
-    """Attention over keys A ∪ B from attention over A and over B (outputs `[..., E]`, log-sum-exps `[...]`). A side
-    with lse -inf (no keys) contributes nothing; at least one side must have keys."""
-    m = torch.maximum(lse_a, lse_b)
-    w_a, w_b = torch.exp(lse_a - m), torch.exp(lse_b - m)
-    total = w_a + w_b
-    o = (o_a * w_a[..., None] + o_b * w_b[..., None]) / total[..., None]
-    return o, m + torch.log(total)
+from nonstop.kernels.cascade_decode import attention_with_lse, merge_attention_states
 
 
 def cascade_decode_attention(

@@ -9,6 +9,11 @@ block and attending to one token there. Capture is lazy, per bucket (the first d
 graphs hold the KV cache's, the parameters' and the step buffer's addresses: weight updates copy in place, the step
 buffer lives as long as the runner, and graphs survive a `release`/`resume` of the KV cache when the new cache lands
 at the old address (they are dropped when it does not).
+
+With cascade attention (rollout/cascade.py) a bucket has one graph per prefix-tile size (`cascade_rows`, a launch
+constant of the prefix kernel; 0 for the plain paged decode), captured on first use like the others: a rollout of
+fixed group size uses one. The plan's per-row fields and work list are static inputs too, in the same step buffer;
+the prefix kernel's grid is the bucket's `ModelRunner.cascade_grid`, its unused work items idle.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ class DecodeGraphs:
     def __init__(self, runner: ModelRunner, max_num_seqs: int):
         self.runner = runner
         self.batch_sizes = graph_batch_sizes(max_num_seqs)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (bucket, cascade_rows) -> graph
         self.pool = None
         self.hidden_ND: Tensor | None = None
         self.kv_ptr: int | None = None  # the KV cache address the graphs hold
@@ -50,17 +55,18 @@ class DecodeGraphs:
         self.graphs.clear()
         self.pool, self.hidden_ND, self.kv_ptr = None, None, None
 
-    def has(self, bucket: int) -> bool:
-        return bucket in self.graphs
+    def has(self, bucket: int, cascade_rows: int = 0) -> bool:
+        return (bucket, cascade_rows) in self.graphs
 
     def kv_cache_moved(self, kv_ptr: int) -> bool:
         """Whether graphs exist that captured a KV cache at another address (they must not be replayed)."""
         return self.kv_ptr is not None and self.kv_ptr != kv_ptr
 
-    def capture(self, bucket: int) -> None:
+    def capture(self, bucket: int, cascade_rows: int = 0) -> None:
         """Capture one bucket, the first time a decode step needs it: an RL rollout of fixed group sizes uses one or
         a few buckets, so capturing all of them after every `resume` would cost more than it saves. It overwrites
-        the step buffer's first `bucket` decode rows: call it before a step's upload."""
+        the step buffer's first `bucket` decode rows: call it before a step's upload. `cascade_rows` > 0 captures the
+        cascade decode attention with prefix tiles of that many rows."""
         r, dev = self.runner, self.runner.device
         b = r.buffers.dev
         # Capture-time inputs: every row a padding row, so the warm-up and capture write only the scratch block.
@@ -70,12 +76,20 @@ class DecodeGraphs:
         b["slot_mapping"][:bucket].fill_(r.scratch_block * r.block_size)
         b["context_lens"][:bucket].fill_(1)
         b["block_tables"][:bucket].fill_(r.scratch_block)
+        cascade = None
+        if cascade_rows:
+            # No row in a tile, every work item idle: the capture's attention is the suffix over the scratch block.
+            grid = r.cascade_grid(bucket)
+            for name in ("cascade_members", "cascade_prefix_lens", "cascade_prefix_parts"):
+                b[name][:bucket].zero_()
+            b["cascade_work"][:grid].zero_()
+            cascade = r.cascade_metadata(b, bucket, cascade_rows, grid)
         if self.hidden_ND is None:
             self.hidden_ND = torch.zeros(self.batch_sizes[-1], r.config.hidden_size, dtype=r.dtype, device=dev)
         md = AttentionMetadata(
             slot_mapping_T=b["slot_mapping"][:bucket], num_prefill_tokens=0, cu_seqlens_q=[0], cu_seqlens_k=[0],
             cu_seqlens_q_t=None, cu_seqlens_k_t=None, context_slots_C=None,
-            block_tables_NM=b["block_tables"][:bucket], context_lens_N=b["context_lens"][:bucket],
+            block_tables_NM=b["block_tables"][:bucket], context_lens_N=b["context_lens"][:bucket], cascade=cascade,
         )  # fmt: skip
         backend = PagedAttention(r.k_caches, r.v_caches, md)
         positions = b["positions"][:bucket]
@@ -91,13 +105,13 @@ class DecodeGraphs:
             self.hidden_ND[:bucket] = r.model(r.decode_input_ids(bucket), positions, backend)
         if self.pool is None:
             self.pool = graph.pool()
-        self.graphs[bucket] = graph
+        self.graphs[bucket, cascade_rows] = graph
         self.kv_ptr = r.k_caches[0].data_ptr()
         self.num_captures += 1
         torch.cuda.synchronize(dev)
 
-    def replay(self, num_seqs: int, bucket: int) -> Tensor:
+    def replay(self, num_seqs: int, bucket: int, cascade_rows: int = 0) -> Tensor:
         """Runs the `bucket` graph on the inputs already uploaded to the step buffer; the first `num_seqs` rows of
         the hidden states are the batch's."""
-        self.graphs[bucket].replay()
+        self.graphs[bucket, cascade_rows].replay()
         return self.hidden_ND[:num_seqs]

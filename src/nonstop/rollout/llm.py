@@ -40,6 +40,7 @@ class LLM:
         enable_prefix_caching: bool = True,
         async_scheduling: bool = True,
         num_scheduler_steps: int | None = None,
+        cascade_attention: bool | str = False,
         seed: int = 0,
     ):
         """`model` is a checkpoint path (HF directory or .gguf, loaded with its tokenizer) or a `CausalLM`, used as
@@ -48,7 +49,9 @@ class LLM:
         GPU, fp32 on CPU. `num_kv_blocks` overrides the KV cache size (else sized from `gpu_memory_utilization` on
         GPU, a fixed budget on CPU). `async_scheduling` overlaps each step's host work with the next step on the device
         (same tokens and log-probs as the synchronous engine, see llm_engine.py). `num_scheduler_steps` runs decode-only
-        steps k at a time on the device (same outputs as k = 1; None = 8 on CUDA, 1 elsewhere; see scheduler.py)."""
+        steps k at a time on the device (same outputs as k = 1; None = 8 on CUDA, 1 elsewhere; see scheduler.py).
+        `cascade_attention` (True, False, "auto") reads a shared prompt prefix once per decode step for all the
+        sequences sharing it (rollout/cascade.py)."""
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
         if isinstance(model, str):
@@ -71,6 +74,7 @@ class LLM:
             enable_prefix_caching=enable_prefix_caching,
             async_scheduling=async_scheduling,
             num_scheduler_steps=num_scheduler_steps,
+            cascade_attention=cascade_attention,
             seed=seed,
         )
         self.llm_engine = LLMEngine(model, args, tokenizer)

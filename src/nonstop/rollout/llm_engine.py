@@ -15,6 +15,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
+from nonstop.config.rollout import CASCADE_CHOICES
 from nonstop.models.transformer import CausalLM
 from nonstop.rollout.block_manager import BlockManager
 from nonstop.rollout.metrics import StepLogEntry
@@ -42,6 +43,8 @@ class EngineArgs:
     # device, with no host round trip between them (scheduler.py). None: 8 on CUDA, where it hides the host's
     # per-step work; 1 elsewhere.
     num_scheduler_steps: int | None = None
+    # Shared-prefix ("cascade") decode attention: True, False or "auto" (rollout/cascade.py).
+    cascade_attention: bool | str = False
     seed: int = 0
 
     def __post_init__(self):
@@ -52,6 +55,8 @@ class EngineArgs:
             raise ValueError(f"num_kv_blocks must be >= 1 or None, got {self.num_kv_blocks}")
         if self.num_scheduler_steps is not None and self.num_scheduler_steps < 1:
             raise ValueError(f"num_scheduler_steps must be >= 1 or None, got {self.num_scheduler_steps}")
+        if self.cascade_attention not in CASCADE_CHOICES:
+            raise ValueError(f"cascade_attention must be one of {CASCADE_CHOICES}, got {self.cascade_attention!r}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
 
@@ -92,6 +97,7 @@ class LLMEngine:
             gpu_memory_utilization=args.gpu_memory_utilization,
             enforce_eager=args.enforce_eager,
             num_scheduler_steps=self.num_scheduler_steps,
+            cascade_attention=args.cascade_attention,
         )
         self.block_manager = BlockManager(self.model_runner.num_kv_blocks, args.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(

@@ -40,7 +40,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from nonstop.kernels.cascade_decode import CascadeMetadata
 from nonstop.models.transformer import CausalLM
+from nonstop.rollout.cascade import MAX_PREFIX_SPLITS, plan_cascade, use_cascade
 from nonstop.rollout.cuda_graphs import DecodeGraphs
 from nonstop.rollout.paged_attention import AttentionMetadata, PagedAttention
 from nonstop.rollout.sampler import SamplingTensors, sample
@@ -138,7 +140,9 @@ class StepBuffers:
     (two of them, used alternately) and a persistent device buffer that the CUDA graphs read directly. A step fills
     the numpy views of a staging buffer and `upload`s it with one non-blocking copy; the model, the graphs and the
     sampler read views of the device buffer. Fields: int64 ones first (so their int32 offsets stay even), then
-    int32/float32 ones, then the [num_rows, M] block table last, so a step copies only the block-table rows it uses.
+    int32/float32 ones, then (with cascade attention) the shared-prefix plan's per-row fields and its
+    [cascade_work_items, 5] work list, then the [num_rows, M] block table last, so a step copies only the block-table
+    rows it uses.
 
     Reusing pinned memory is safe: a staging buffer is written again only two steps after the copy that read it,
     and only after the CUDA event recorded behind that copy has completed (`next_host_fields`). That wait does not
@@ -157,10 +161,14 @@ class StepBuffers:
              "sample_index", "position", "min_tokens")  # fmt: skip
     INT32 = ("context_lens",)
     FLOAT32 = ("temperature", "top_p")
+    CASCADE = ("cascade_members", "cascade_prefix_lens", "cascade_prefix_parts")  # int32, see CascadeMetadata
 
-    def __init__(self, num_rows: int, max_blocks: int, device: torch.device):
+    def __init__(self, num_rows: int, max_blocks: int, device: torch.device, cascade_work_items: int = 0):
         self.num_rows, self.max_blocks, self.device = num_rows, max_blocks, device
-        self.header = num_rows * (2 * len(self.INT64) + len(self.INT32) + len(self.FLOAT32))
+        self.cascade = self.CASCADE if cascade_work_items else ()
+        self.cascade_work_items = cascade_work_items
+        fields = 2 * len(self.INT64) + len(self.INT32) + len(self.FLOAT32) + len(self.cascade)
+        self.header = num_rows * fields + 5 * cascade_work_items
         size = self.header + num_rows * max_blocks
         pinned = device.type == "cuda"
         self.staging = [torch.zeros(size, dtype=torch.int32, pin_memory=pinned) for _ in range(2)]
@@ -174,10 +182,13 @@ class StepBuffers:
     def _views(self, flat: Tensor) -> dict[str, Tensor]:
         R, views, offset = self.num_rows, {}, 0
         for names, width, dtype in ((self.INT64, 2, torch.int64), (self.INT32, 1, torch.int32),
-                                    (self.FLOAT32, 1, torch.float32)):  # fmt: skip
+                                    (self.FLOAT32, 1, torch.float32), (self.cascade, 1, torch.int32)):  # fmt: skip
             for name in names:
                 views[name] = flat[offset : offset + width * R].view(dtype)
                 offset += width * R
+        if self.cascade_work_items:
+            views["cascade_work"] = flat[offset : offset + 5 * self.cascade_work_items].view(-1, 5)
+            offset += 5 * self.cascade_work_items
         views["block_tables"] = flat[offset:].view(R, self.max_blocks)
         return views
 
@@ -256,6 +267,8 @@ class StepPlan:
     num_decode: int
     bucket: int  # decode rows the step uploads: num_decode, or the CUDA graph's padded batch size
     use_graph: bool = False
+    cascade_rows: int = 0  # decode under cascade attention: the prefix kernel's tile rows (0: paged decode)
+    cascade_work: int = 0  # its work items (the grid: padded to the graph's under CUDA graphs)
     num_prefill_tokens: int = 0
     prefill_ids: list[int] | None = None
     prefill_positions: np.ndarray | None = None
@@ -287,6 +300,7 @@ class ModelRunner:
         gpu_memory_utilization: float,
         enforce_eager: bool,
         num_scheduler_steps: int = 1,
+        cascade_attention: bool | str = False,
     ):
         self.model = model.eval()
         self.config = model.config
@@ -311,7 +325,17 @@ class ModelRunner:
         self.v_caches: list[Tensor] = []
         self.allocate_kv_cache()
         self.rows = SequenceRows(max_num_seqs, self.max_blocks_per_seq)
-        self.buffers = StepBuffers(max_num_seqs, self.max_blocks_per_seq, self.device)
+        # Shared-prefix decode (rollout/cascade.py): `cascade_attention` may be switched between True, "auto" and
+        # False later (the cascade benchmark does), but not turned on if the runner was built without it.
+        self.cascade_attention = cascade_attention
+        c = self.config
+        self.cascade_group = c.num_attention_heads // c.num_key_value_heads
+        # Prefix work items wanted per KV head: the paged kernel's 4 programs per SM; a few on CPU, so the reference
+        # path runs split plans too.
+        sms = torch.cuda.get_device_properties(self.device).multi_processor_count if self.device.type == "cuda" else 1
+        self.cascade_work_target = -(-4 * sms // c.num_key_value_heads)
+        cascade_work_items = max(max_num_seqs, self.cascade_work_target) if cascade_attention is not False else 0
+        self.buffers = StepBuffers(max_num_seqs, self.max_blocks_per_seq, self.device, cascade_work_items)
         # Per staging buffer: the rows array whose per-sequence sampling constants it holds, and their flags.
         self.staged_constants: list[tuple[np.ndarray, tuple[bool, bool, bool]] | None] = [None, None]
         self.num_scheduler_steps = num_scheduler_steps
@@ -478,8 +502,45 @@ class ModelRunner:
                 host["slot_mapping"][D : plan.bucket] = self.scratch_block * B
                 host["context_lens"][D : plan.bucket] = 1
                 host["block_tables"][D : plan.bucket, 0] = self.scratch_block
+            if self.cascade_attention is not False:
+                self._stage_cascade(host, table_RM[row_D, :width], pos_D + 1, plan)
         plan.last_index = last_index
         return plan
+
+    def cascade_grid(self, bucket: int) -> int:
+        """Prefix work items a CUDA graph of `bucket` rows launches: room for any plan of that many rows (at most
+        one tile per row, and splits only up to `cascade_work_target` items)."""
+        return min(self.buffers.cascade_work_items, max(bucket, self.cascade_work_target))
+
+    def _stage_cascade(self, host: dict[str, np.ndarray], tables_DM: np.ndarray, context_lens_D: np.ndarray,
+                       plan: StepPlan) -> None:  # fmt: skip
+        """Plans shared-prefix decode for the decode rows and, if the step uses it, stages the plan (padding rows of
+        a CUDA graph and its idle work items zeroed: no prefix, no work)."""
+        cascade = plan_cascade(tables_DM, context_lens_D, self.block_size, self.cascade_group, self.cascade_work_target)
+        if not use_cascade(self.cascade_attention, cascade, context_lens_D):
+            return
+        D, rows, W = len(context_lens_D), plan.bucket, len(cascade.work)
+        grid = self.cascade_grid(rows) if plan.use_graph else W
+        assert W <= grid
+        host["cascade_members"][: len(cascade.members)] = cascade.members
+        host["cascade_prefix_lens"][:D] = cascade.prefix_lens
+        host["cascade_prefix_parts"][:D] = cascade.num_prefix_parts
+        host["cascade_prefix_lens"][D:rows] = 0
+        host["cascade_prefix_parts"][D:rows] = 0
+        host["cascade_work"][:W] = cascade.work
+        host["cascade_work"][W:grid] = 0
+        plan.cascade_rows, plan.cascade_work = cascade.tile_rows, grid
+
+    def cascade_metadata(self, dev: dict[str, Tensor], num_rows: int, tile_rows: int, work_items: int):
+        """The device views of a staged plan for `num_rows` decode rows (graphs capture these views)."""
+        return CascadeMetadata(
+            members_N=dev["cascade_members"][:num_rows],
+            prefix_lens_N=dev["cascade_prefix_lens"][:num_rows],
+            num_prefix_parts_N=dev["cascade_prefix_parts"][:num_rows],
+            work_W5=dev["cascade_work"][:work_items],
+            tile_rows=tile_rows,
+            num_prefix_slots=MAX_PREFIX_SPLITS,
+        )
 
     def _sampling_inputs(self, batch: ScheduledBatch, host: dict[str, np.ndarray], rows_N: np.ndarray, plan: StepPlan):
         """Fills one staging row per sample drawn (a group parent draws num_samples), in batch order."""
@@ -605,6 +666,8 @@ class ModelRunner:
             block_tables_NM=dev["block_tables"][:D] if D else None,
             context_lens_N=dev["context_lens"][:D] if D else None,
         )
+        if plan.cascade_rows:
+            md.cascade = self.cascade_metadata(dev, D, plan.cascade_rows, plan.cascade_work)
         if plan.num_prefill_tokens:
             # Prefill steps are few and compute-bound: their per-token metadata is not staged.
             to_device = self._to_device
@@ -619,7 +682,7 @@ class ModelRunner:
 
     def _forward(self, plan: StepPlan, dev: dict[str, Tensor]) -> Tensor:
         if plan.use_graph:
-            return self.graphs.replay(plan.num_decode, plan.bucket)
+            return self.graphs.replay(plan.num_decode, plan.bucket, plan.cascade_rows)
         ids, positions, md = self._attention_inputs(plan, dev)
         return self.model(ids, positions, PagedAttention(self.k_caches, self.v_caches, md))
 
@@ -632,8 +695,9 @@ class ModelRunner:
         rows_N = self.rows.sync(batch.seqs)
         plan = self._prepare(batch, host, rows_N)
         self._sampling_inputs(batch, host, rows_N, plan)
-        if plan.use_graph and not self.graphs.has(plan.bucket):
-            self.graphs.capture(plan.bucket)  # before the upload: capturing overwrites the buffer's decode rows
+        if plan.use_graph and not self.graphs.has(plan.bucket, plan.cascade_rows):
+            # Before the upload: capturing overwrites the buffer's decode rows.
+            self.graphs.capture(plan.bucket, plan.cascade_rows)
         dev = self.buffers.upload(num_block_table_rows=plan.bucket)  # the launch's one host-to-device copy
         S, K = plan.num_sample_rows, batch.num_scheduler_steps
         assert K <= self.num_scheduler_steps and (K == 1 or S == plan.num_decode == len(batch.seqs))

@@ -6,7 +6,8 @@ call writes the new k/v into the cache through `slot_mapping` (slot = block id *
 `reshape_and_cache`, one Triton launch on CUDA), then
 - prefill: gathers each sequence's whole context (cached prefix + new tokens) back out of the cache and runs
   bottom-right causal attention — FlashAttention varlen on CUDA in bf16/fp16, the torch reference otherwise;
-- decode: `paged_decode_attention` reads K/V straight from the blocks (Triton split-KV kernel on CUDA).
+- decode: `paged_decode_attention` reads K/V straight from the blocks (Triton split-KV kernel on CUDA), or, when the
+  step's metadata carries shared-prefix tiles, `cascade_decode_attention` reads each shared prefix once per tile.
 Writing before reading is what lets a sequence attend to blocks another sequence in the same step is computing
 (prefix-cache hits registered at scheduling time).
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from nonstop.kernels.cascade_decode import CascadeMetadata, cascade_decode_attention
 from nonstop.kernels.paged_decode import paged_decode_attention
 from nonstop.kernels.reshape_and_cache import reshape_and_cache
 from nonstop.models.attention import reference_causal_attention, use_fused_attention, varlen_causal_attention
@@ -40,6 +42,8 @@ class AttentionMetadata:
     # Decode segment.
     block_tables_NM: Tensor | None  # int32
     context_lens_N: Tensor | None  # int32, the token being decoded included
+    # Shared-prefix tiles of the decode rows (rollout/cascade.py): set when the step runs cascade decode attention.
+    cascade: CascadeMetadata | None = None
 
 
 class PagedAttention:
@@ -78,4 +82,8 @@ class PagedAttention:
     def _decode(self, q_NHE: Tensor, k_cache_PBKE: Tensor, v_cache_PBKE: Tensor) -> Tensor:
         md = self.metadata
         scale = q_NHE.shape[-1] ** -0.5
+        if md.cascade is not None:
+            return cascade_decode_attention(
+                q_NHE, k_cache_PBKE, v_cache_PBKE, md.block_tables_NM, md.context_lens_N, md.cascade, scale
+            )
         return paged_decode_attention(q_NHE, k_cache_PBKE, v_cache_PBKE, md.block_tables_NM, md.context_lens_N, scale)

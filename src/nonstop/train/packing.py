@@ -42,13 +42,6 @@ class PackedBatch:
         """Per-response-token values (packed order) back to one tensor per sequence."""
         return list(values_R.split(self.response_lengths))
 
-    def to_padded(self, values_R: Tensor, width: int) -> Tensor:
-        """Per-response-token values (packed order) as `[N, width]` rows, zero past each response's end."""
-        lengths_N = torch.tensor(self.response_lengths, device=values_R.device)
-        mask_NL = torch.arange(width, device=values_R.device) < lengths_N.unsqueeze(1)
-        # Boolean-mask assignment fills row by row, left to right: the packed order of response tokens.
-        return values_R.new_zeros(len(self.lengths), width).masked_scatter(mask_NL, values_R)
-
     def split_tokens(self, values_T: Tensor) -> list[Tensor]:
         """Per-packed-token values back to one tensor per sequence (prompt and response)."""
         return list(values_T.split(self.lengths))

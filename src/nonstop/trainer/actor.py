@@ -10,7 +10,8 @@ importance ratio is exactly 1 — the update uses the current forward's detached
 
 Prefix grouping (`use_prefix_grouper`, train/prefix_grouping.py): samples sharing a prompt are packed as one
 `[prompt | r1 | … | rn]` group in every pass (update, old log-prob, reference), decided once per mini-batch (per
-batch for the log-prob passes); token-budget micro-batches then hold whole groups.
+batch for the log-prob passes); token-budget micro-batches then hold whole groups. The batching helpers live in
+trainer/batching.py, shared with the critic.
 
 Several ranks (FSDP2, dist/fsdp.py): every rank updates on its own share of the batch. The normalisers
 (`batch_num_tokens`, `global_batch_size`) are the mini-batch's over all ranks and FSDP averages the gradients of losses
@@ -28,25 +29,15 @@ import torch
 from torch import Tensor
 
 from nonstop.algos import agg_loss, get_policy_loss_fn, kl_penalty
-from nonstop.config.actor import PREFIX_GROUPER_AUTO_MIN_SAVED, ActorConfig
+from nonstop.config.actor import ActorConfig
 from nonstop.config.algorithm import RolloutCorrectionConfig
-from nonstop.dist.collectives import all_reduce_max, all_reduce_sum_
+from nonstop.dist.collectives import all_reduce_sum_
 from nonstop.dist.fsdp import full_value
 from nonstop.dist.offload import optimizer_state_to
 from nonstop.dist.process_group import current
 from nonstop.kernels.dispatch import fused_kernels
-from nonstop.train import (
-    fixed_micro_batches,
-    group_by_prompt,
-    grouped_tokens,
-    pack_prefix_groups,
-    pack_sequences,
-    prefix_grouped_micro_batches,
-    prefix_saved_fraction,
-    response_logprobs,
-    split_to_count,
-    token_budget_micro_batches,
-)
+from nonstop.train import group_by_prompt, grouped_tokens, pack_sequences, response_logprobs
+from nonstop.trainer.batching import autocast, micro_batches, mini_batches, pack_rows, prefix_grouped, unpack_rows
 from nonstop.trainer.lr_schedule import build_optimizer
 from nonstop.trainer.off_policy import behaviour_gap, rollout_is_weights
 from nonstop.trainer.rollout_batch import RolloutBatch
@@ -90,34 +81,22 @@ class Actor:
         return len(self.mini_batches(batch)) > 1 or self.config.ppo_epochs > 1
 
     def prefix_grouped(self, batch: RolloutBatch, rows: list[int]) -> bool:
-        """Whether `rows` run prefix-grouped: `use_prefix_grouper` true, or `auto` and grouping skips at least
-        `PREFIX_GROUPER_AUTO_MIN_SAVED` of their tokens."""
-        if self.config.use_prefix_grouper != "auto":
-            return bool(self.config.use_prefix_grouper)
-        prompts = [batch.samples[r].prompt_token_ids for r in rows]
-        saved = prefix_saved_fraction(prompts, [batch.response_lengths[r] for r in rows])
-        return saved >= PREFIX_GROUPER_AUTO_MIN_SAVED
+        """Whether `rows` run prefix-grouped under `use_prefix_grouper` (trainer/batching.py)."""
+        return prefix_grouped(self.config.use_prefix_grouper, batch, rows)
 
     def micro_batches(self, batch: RolloutBatch, rows: list[int], grouped: bool = False) -> list[list[int]]:
         """Index lists into `rows`' samples: by token budget (`use_dynamic_bsz`; whole prompt groups, each costing
         its prompt once, when `grouped`) or by count. Across ranks, every rank gets the largest rank's count."""
-        lengths = [batch.total_lengths[r] for r in rows]
-        if self.config.use_dynamic_bsz:
-            budget = self.config.ppo_max_token_len_per_gpu
-            if grouped:
-                prompts = [batch.samples[r].prompt_token_ids for r in rows]
-                parts = prefix_grouped_micro_batches(prompts, [batch.response_lengths[r] for r in rows], budget)
-            else:
-                parts = token_budget_micro_batches(lengths, budget)
-        else:
-            parts = fixed_micro_batches(len(rows), self.config.ppo_micro_batch_size_per_gpu or len(rows))
-        count = all_reduce_max(len(parts), self.device)
-        if count > len(parts):
-            if self.config.use_dynamic_bsz and not grouped:
-                parts = token_budget_micro_batches(lengths, budget, min_num_micro_batches=count)
-            else:
-                parts = split_to_count(parts, lengths, count)
-        return [[rows[i] for i in part] for part in parts]
+        cfg = self.config
+        return micro_batches(
+            batch,
+            rows,
+            self.device,
+            cfg.use_dynamic_bsz,
+            cfg.ppo_max_token_len_per_gpu,
+            cfg.ppo_micro_batch_size_per_gpu,
+            grouped,
+        )
 
     @staticmethod
     def _computed_tokens(batch: RolloutBatch, rows: list[int], grouped: bool) -> int:
@@ -144,32 +123,13 @@ class Actor:
     ) -> tuple[Tensor, Tensor]:
         """Log-prob and entropy of every response token of `rows`, scattered to `[b, width]` (zero on padding).
         `grouped`: samples of `rows` sharing a prompt are packed as one prefix group."""
-        samples = [batch.samples[r] for r in rows]
-        order = list(range(len(rows)))  # packed position -> index into rows
-        if grouped:
-            groups = group_by_prompt([s.prompt_token_ids for s in samples])
-            order = [i for g in groups for i in g]
-            packed = pack_prefix_groups(
-                [(samples[g[0]].prompt_token_ids, [samples[i].response_token_ids for i in g]) for g in groups],
-                self.device,
-            )
-        else:
-            packed = pack_sequences([(s.prompt_token_ids, s.response_token_ids) for s in samples], self.device)
+        packed, order = pack_rows(batch, rows, self.device, grouped)
         with self._autocast():
             logp_R, entropy_R = response_logprobs(
                 model or self.model, packed, self.temperature, self.chunk_size, compute_entropy=compute_entropy
             )
-        lengths_b = torch.tensor(packed.response_lengths, device=self.device)
-        mask_bL = torch.arange(width, device=self.device) < lengths_b.unsqueeze(1)
-        # Boolean-mask assignment fills row by row, left to right: the packed order of response tokens.
-        logp_bL = torch.zeros(len(rows), width, device=self.device).masked_scatter(mask_bL, logp_R)
-        entropy_bL = torch.zeros_like(logp_bL)
-        if entropy_R is not None:
-            entropy_bL = entropy_bL.masked_scatter(mask_bL, entropy_R)
-        if order != sorted(order):
-            unpack_b = torch.empty(len(order), dtype=torch.long)
-            unpack_b[order] = torch.arange(len(order))
-            logp_bL, entropy_bL = logp_bL[unpack_b.to(self.device)], entropy_bL[unpack_b.to(self.device)]
+        logp_bL = unpack_rows(logp_R, packed, order, width)
+        entropy_bL = torch.zeros_like(logp_bL) if entropy_R is None else unpack_rows(entropy_R, packed, order, width)
         return logp_bL, entropy_bL
 
     @torch.no_grad()
@@ -329,29 +289,3 @@ class Actor:
             metrics["actor/kl_loss"] = totals["kl_loss"].item()
         metrics.update({key: value.item() for key, value in totals.items() if key.startswith("rollout_corr/")})
         return metrics
-
-
-# -- shared with the critic -------------------------------------------------------------------------------------------
-
-
-def mini_batches(batch: RolloutBatch, size: int) -> list[list[int]]:
-    """Contiguous runs of `size` samples (`ppo_mini_batch_size` prompts × n; the last may be shorter)."""
-    return [list(range(s, min(s + size, len(batch)))) for s in range(0, len(batch), size)]
-
-
-def micro_batches(
-    batch: RolloutBatch, rows: list[int], use_dynamic_bsz: bool, max_token_len: int, micro_batch_size: int | None
-) -> list[list[int]]:
-    """Index lists into `rows`' samples: by token budget (`use_dynamic_bsz`) or by count (None = all of them)."""
-    if use_dynamic_bsz:
-        parts = token_budget_micro_batches([batch.total_lengths[r] for r in rows], max_token_len)
-    else:
-        parts = fixed_micro_batches(len(rows), micro_batch_size or len(rows))
-    return [[rows[i] for i in part] for part in parts]
-
-
-def autocast(device: torch.device, compute_dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
-    """Forward and backward under `compute_dtype` autocast on CUDA; a no-op elsewhere or without a dtype."""
-    if device.type == "cuda" and compute_dtype is not None:
-        return torch.autocast("cuda", dtype=compute_dtype)
-    return contextlib.nullcontext()

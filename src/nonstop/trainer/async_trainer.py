@@ -46,8 +46,7 @@ class AsyncTrainer(SyncTrainer):
                 f"only, not trainer.mode={self.config.trainer.mode}"
             )
         self.free_cache_engine = False  # the engine generates while the trainer trains: both stay resident
-        async_cfg = self.config.async_training
-        self.max_staleness, self.partial_rollout = async_cfg.max_staleness, async_cfg.partial_rollout
+        self.max_staleness, self.partial_rollout = overlap_policy(self.config)
         self.batch_size = self.config.data.train_batch_size
         self.rollouter: Rollouter | None = None
         self.probe_diff: float | None = None
@@ -78,7 +77,7 @@ class AsyncTrainer(SyncTrainer):
             self._start_rollouter(version=step - 1)
         with rec("gen") as span:  # the trainer's wait for the block: its idle time
             groups = self.rollouter.take_block(step - 1)
-            batch = RolloutBatch([s for g in groups for s in _samples(g)], self.sampling_params.max_tokens)
+            batch = RolloutBatch([s for g in groups for s in group_samples(g)], self.sampling_params.max_tokens)
             span.tokens = sum(batch.total_lengths)
         if self.probe_prompts is None:
             self.probe_prompts = [list(g.prompt.prompt_token_ids) for g in groups[:PROBE_PROMPTS]]
@@ -144,21 +143,30 @@ class AsyncTrainer(SyncTrainer):
 
     def _submit_rewards(self, group: Group) -> None:
         step, index = divmod(group.index, self.batch_size)
-        for i, sample in enumerate(_samples(group)):
+        for i, sample in enumerate(group_samples(group)):
             text = self.tokenizer.decode(sample.response_token_ids, skip_special_tokens=True)
             sample_id = f"train-{step + 1}-{index * len(group.token_ids) + i}"
             self.reward_pool.submit(sample_id, sample.data_source, text, sample.ground_truth, sample.extra_info)
 
 
 class OneStepOffTrainer(AsyncTrainer):
-    """verl's one-step-off policy: staleness 1 and no partial rollout, whatever `async_training` says."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.max_staleness, self.partial_rollout = 1, False
+    """verl's one-step-off policy: staleness 1 and no partial rollout, whatever `async_training` says
+    (`overlap_policy`)."""
 
 
-def _samples(group: Group) -> list[Sample]:
+def overlap_policy(config: Any) -> tuple[int, bool]:
+    """(max_staleness, partial_rollout) of `trainer.mode`: `one_step_off` is verl's recipe (1, no partial rollout)
+    whatever `async_training` says; `sync` driven by a rollouter (split placement) is staleness 0: a block is
+    generated only once the weights that train it are in the engine."""
+    mode, async_cfg = config.trainer.mode, config.async_training
+    if mode == "sync":
+        return 0, False
+    if mode == "one_step_off":
+        return 1, False
+    return async_cfg.max_staleness, async_cfg.partial_rollout
+
+
+def group_samples(group: Group) -> list[Sample]:
     row = group.prompt.row
     return [
         Sample(

@@ -10,6 +10,9 @@ from nonstop.config import NonstopConfig
 from nonstop.data import train_dataloader, val_dataloader
 from nonstop.dist import DistInfo, current, init_process_group
 from nonstop.dist.fsdp import shard_model
+from nonstop.dist.placement import SplitPlacement, split_placement
+from nonstop.dist.placement import check_split as check_split_ranks
+from nonstop.dist.process_group import use_train_group
 from nonstop.models.critic_model import CriticModel, load_critic_model
 from nonstop.models.loading import load_model
 from nonstop.models.lora import AdaptersOff, LoraConfig, apply_lora, has_lora, select_target_modules
@@ -18,6 +21,8 @@ from nonstop.rewards import RewardPool
 from nonstop.rewards.reward_model import RewardModel
 from nonstop.rollout import LLM
 from nonstop.trainer.async_trainer import AsyncTrainer, OneStepOffTrainer
+from nonstop.trainer.split_rollout import RolloutWorker
+from nonstop.trainer.split_trainer import SplitTrainer
 from nonstop.trainer.sync_trainer import SyncTrainer
 
 
@@ -35,19 +40,32 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def engine_dtype(config: NonstopConfig, device: torch.device) -> torch.dtype:
+    """The engine's weight dtype: `rollout.dtype` on CUDA; on CPU the trainer's (fp32 masters), so a CPU engine
+    copy holds the trainer's weights exactly."""
+    if device.type == "cuda":
+        return torch_dtype(config.actor_rollout_ref.rollout.dtype)
+    return torch_dtype(config.actor_rollout_ref.actor.fsdp_config.model_dtype)
+
+
 def build_engine(config: NonstopConfig, model: torch.nn.Module, tokenizer, device: torch.device) -> LLM:
     """On CUDA the engine holds a copy in `rollout.dtype` that `LLM.update_weights` refreshes after each step. On
     CPU, sync mode runs the trainer's fp32 model itself (no copy, no sync); the overlap modes need a copy there too
     (an fp32 one), since the engine generates while the optimizer changes the trainer's weights; so do several ranks
     (the trainer's parameters are FSDP shards, each rank's engine a whole model). With LoRA the engine always holds a
     plain copy (call this before `add_lora_adapters`) that receives merged weights."""
-    rollout, data = config.actor_rollout_ref.rollout, config.data
     engine_model = model
     lora = config.actor_rollout_ref.model.lora_rank > 0
     if device.type == "cuda" or config.trainer.mode != "sync" or current().distributed or lora:
-        dtype = torch_dtype(rollout.dtype) if device.type == "cuda" else next(model.parameters()).dtype
-        engine_model = copy.deepcopy(model).to(dtype=dtype)
+        dtype = torch_dtype(config.actor_rollout_ref.rollout.dtype) if device.type == "cuda" else None
+        engine_model = copy.deepcopy(model).to(dtype=dtype or next(model.parameters()).dtype)
         engine_model.requires_grad_(False)
+    return engine_llm(config, engine_model, tokenizer)
+
+
+def engine_llm(config: NonstopConfig, engine_model: torch.nn.Module, tokenizer) -> LLM:
+    """The `LLM` around `engine_model` (used as is: its parameters are the engine's), sized per `rollout.*`."""
+    rollout, data = config.actor_rollout_ref.rollout, config.data
     return LLM(
         engine_model,
         tokenizer=tokenizer,
@@ -57,6 +75,7 @@ def build_engine(config: NonstopConfig, model: torch.nn.Module, tokenizer, devic
         max_model_len=rollout.max_model_len or data.max_prompt_length + data.max_response_length,
         enforce_eager=rollout.enforce_eager,
         num_scheduler_steps=rollout.num_scheduler_steps,
+        cascade_attention=rollout.cascade_attention,
         enable_prefix_caching=rollout.enable_prefix_caching,
         seed=0 if data.seed is None else data.seed,
     )
@@ -92,11 +111,14 @@ TRAINERS = {"sync": SyncTrainer, "one_step_off": OneStepOffTrainer, "async": Asy
 
 
 def check_data_parallel(config: NonstopConfig, info: DistInfo) -> None:
-    """What several ranks need: the sync loop, and prompt counts that split evenly over the ranks."""
+    """What several training ranks need: colocated, the sync loop; prompt counts that split evenly over the ranks."""
     if not info.distributed:
         return
-    if config.trainer.mode != "sync":
-        raise ValueError(f"trainer.mode={config.trainer.mode!r} runs on one rank only so far; use trainer.mode=sync")
+    if config.trainer.mode != "sync" and config.trainer.placement == "colocate":
+        raise ValueError(
+            f"trainer.mode={config.trainer.mode!r} runs on one rank, or on several with trainer.placement=split; "
+            "use trainer.mode=sync or trainer.placement=split"
+        )
     if config.algorithm.filter_groups.enable:
         raise ValueError("algorithm.filter_groups runs on one rank only so far")
     if config.actor_rollout_ref.model.lora_rank > 0:
@@ -113,24 +135,61 @@ def check_data_parallel(config: NonstopConfig, info: DistInfo) -> None:
             raise ValueError(f"{key}={value} must be a multiple of the {info.world_size} ranks (whole prompts each)")
 
 
-def build_trainer(config: NonstopConfig, console: bool = True) -> SyncTrainer:
+def check_split(config: NonstopConfig, world_size: int) -> None:
+    """What `trainer.placement=split` cannot do yet, and prompt counts that split over the rollout ranks."""
+    check_split_ranks(world_size, config.trainer.rollout_n_gpus)
+    refused = {
+        "algorithm.filter_groups.enable=True": config.algorithm.filter_groups.enable,
+        "actor_rollout_ref.model.lora_rank > 0": config.actor_rollout_ref.model.lora_rank > 0,
+        "a critic (critic.enable or algorithm.adv_estimator=gae)": config.critic.enable is True
+        or config.algorithm.adv_estimator == "gae",
+        "reward_model.enable=True": config.reward_model.enable,
+    }
+    for what, on in refused.items():
+        if on:
+            raise ValueError(
+                f"{what} is not supported with trainer.placement=split yet; use trainer.placement=colocate"
+            )
+    rollout_ranks = config.trainer.rollout_n_gpus
+    if config.data.train_batch_size % rollout_ranks:
+        raise ValueError(
+            f"data.train_batch_size={config.data.train_batch_size} must be a multiple of trainer.rollout_n_gpus="
+            f"{rollout_ranks} (whole prompts per rollout rank)"
+        )
+
+
+def check_no_validation(config: NonstopConfig, val_loader) -> None:
+    trainer_cfg = config.trainer
+    if val_loader is not None and (trainer_cfg.val_before_train or trainer_cfg.test_freq > 0 or trainer_cfg.val_only):
+        raise ValueError(
+            "validation is not supported with trainer.placement=split yet; set trainer.val_before_train=False and "
+            "trainer.test_freq=-1"
+        )
+
+
+def build_trainer(config: NonstopConfig, console: bool = True) -> SyncTrainer | RolloutWorker:
+    """This rank's part of the run: a trainer, or under `trainer.placement=split` on a rollout rank a
+    `RolloutWorker` (same `fit` / `step` / `close`)."""
     model_cfg, actor_cfg = config.actor_rollout_ref.model, config.actor_rollout_ref.actor
     device = resolve_device(config.trainer.device)
     # Joins torchrun's ranks (a no-op without torchrun, or when the caller already did): `nonstop train` and the
     # benchmarks alike then run data-parallel under torchrun.
-    check_data_parallel(config, init_process_group(device.type, config.actor_rollout_ref.nccl_timeout))
+    info = init_process_group(device.type, config.actor_rollout_ref.nccl_timeout)
+    use_train_group(None)  # every rank trains unless split placement says otherwise (a previous build's choice goes)
+    placement = None
+    if config.trainer.placement == "split":
+        check_split(config, info.world_size)
+        placement = split_placement(config.trainer.rollout_n_gpus)
+        if placement.is_rollout:
+            return build_rollout_worker(config, device, placement)
+    check_data_parallel(config, current())  # the trainer ranks' group under split placement
     if model_cfg.override_config:
         raise ValueError("actor_rollout_ref.model.override_config is not supported by the trainer yet")
     torch.manual_seed(0 if config.data.seed is None else config.data.seed)
-    model_dtype = torch_dtype(actor_cfg.fsdp_config.model_dtype)
-    model, tokenizer = load_model(model_cfg.path, dtype=model_dtype, device=device)
-    if model_cfg.tokenizer_path:
-        tokenizer = load_tokenizer(model_cfg.tokenizer_path)
-    if model_cfg.custom_chat_template:
-        tokenizer.chat_template = model_cfg.custom_chat_template
+    model, tokenizer = load_policy(config, torch_dtype(actor_cfg.fsdp_config.model_dtype), device)
     model.gradient_checkpointing = model_cfg.enable_gradient_checkpointing
     critic_model = build_critic_model(config, model, device) if config.critic.enable else None
-    llm = build_engine(config, model, tokenizer, device)
+    llm = build_engine(config, model, tokenizer, device) if placement is None else None
     add_lora_adapters(config, model)
     ref_model = reference_model(config, model)
     compute_dtype = torch_dtype(actor_cfg.fsdp_config.dtype)
@@ -139,25 +198,60 @@ def build_trainer(config: NonstopConfig, console: bool = True) -> SyncTrainer:
         if ref_model is not None:
             shard_model(ref_model, config.actor_rollout_ref.ref.fsdp_config, device, compute_dtype)
     reward_model = RewardModel.from_config(config.reward_model, device) if config.reward_model.enable else None
-    pool = RewardPool.from_config(config.reward_model, config.custom_reward_function)
+    val_loader = val_dataloader(config.data, tokenizer)
+    trainer_cls, extra = TRAINERS[config.trainer.mode], {}
+    if placement is not None:
+        check_no_validation(config, val_loader)
+        trainer_cls, extra = SplitTrainer, {"placement": placement, "wire_dtype": engine_dtype(config, device)}
+    # Under split placement the rollout ranks score; the trainer's pool stays empty.
+    reward_cfg = config.reward_model
+    pool = RewardPool(num_workers=0) if placement else RewardPool.from_config(reward_cfg, config.custom_reward_function)
     try:
-        return TRAINERS[config.trainer.mode](
+        return trainer_cls(
             config,
             model,
             tokenizer,
             llm,
             train_dataloader(config.data, tokenizer),
             pool,
-            val_loader=val_dataloader(config.data, tokenizer),
+            val_loader=val_loader,
             ref_model=ref_model,
             compute_dtype=compute_dtype if device.type == "cuda" else None,
             console=console,
             reward_model=reward_model,
             critic_model=critic_model,
+            **extra,
         )
     except BaseException:
         pool.close()
         raise
+
+
+def build_rollout_worker(config: NonstopConfig, device: torch.device, placement: SplitPlacement) -> RolloutWorker:
+    """A rollout rank: the model loaded straight in the engine's dtype, the engine, the data and the reward pool."""
+    torch.manual_seed(0 if config.data.seed is None else config.data.seed)
+    dtype = engine_dtype(config, device)
+    model, tokenizer = load_policy(config, dtype, device)
+    model.requires_grad_(False)
+    llm = engine_llm(config, model, tokenizer)
+    pool = RewardPool.from_config(config.reward_model, config.custom_reward_function)
+    try:
+        return RolloutWorker(config, llm, tokenizer, train_dataloader(config.data, tokenizer), pool, placement, dtype)
+    except BaseException:
+        pool.close()
+        raise
+
+
+def load_policy(config: NonstopConfig, dtype: torch.dtype, device: torch.device):
+    """`actor_rollout_ref.model.path` in `dtype`, and its tokenizer (or `tokenizer_path`'s, with the custom chat
+    template)."""
+    model_cfg = config.actor_rollout_ref.model
+    model, tokenizer = load_model(model_cfg.path, dtype=dtype, device=device)
+    if model_cfg.tokenizer_path:
+        tokenizer = load_tokenizer(model_cfg.tokenizer_path)
+    if model_cfg.custom_chat_template:
+        tokenizer.chat_template = model_cfg.custom_chat_template
+    return model, tokenizer
 
 
 def build_critic_model(config: NonstopConfig, policy: torch.nn.Module, device: torch.device) -> CriticModel:

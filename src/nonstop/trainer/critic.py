@@ -1,14 +1,20 @@
 """The critic of PPO (`algorithm.adv_estimator=gae`): a values pass before the advantages and a value-loss update after
 them, batched exactly like the actor (packed sequences, `ppo_mini_batch_size` mini-batches × `ppo_epochs`, micro-
-batches by count or by token budget via the actor's own helpers), as verl's `DataParallelPPOCritic`.
+batches by count or by token budget, through the actor's own helpers in trainer/batching.py), as verl's
+`DataParallelPPOCritic`.
+
+Prefix grouping (`critic.use_prefix_grouper`, null = the actor's setting): the samples sharing a prompt are packed as
+one `[prompt | r1 | … | rn]` group in the values pass and the update, decided like the actor's (per batch for the
+values pass, per mini-batch in the update); token-budget micro-batches then hold whole groups costing P + Σ r_j. The
+values and every gradient equal the ungrouped critic's (train/prefix_grouping.py).
 
 The value of response token t is read from the hidden state one position to its left, the state in which token t was
 chosen: the same `predict_index_R` the actor scores log-probs from (verl's `values[:, -response_length - 1 : -1]`).
 
 Every micro-batch loss is normalised by its mini-batch's token / sequence count, so the accumulated gradient is the
 mini-batch's whatever the split. Metrics use verl's keys: `critic/vf_loss`, `critic/vf_clipfrac`, `critic/vpred_mean`,
-`critic/grad_norm`, `critic/lr`; `value_metrics` adds `critic/values/*`, `critic/returns/*` and
-`critic/vf_explained_var` from the values pass.
+`critic/grad_norm`, `critic/lr`, plus `critic/prefix_grouped` (share of update mini-batches grouped, as the actor's);
+`value_metrics` adds `critic/values/*`, `critic/returns/*` and `critic/vf_explained_var` from the values pass.
 
 Legend: B samples of the step, L padded response width, b samples of one micro-batch, T packed tokens, R response
 tokens.
@@ -23,8 +29,7 @@ from nonstop.algos import compute_value_loss, explained_variance
 from nonstop.config.critic import CriticConfig
 from nonstop.kernels.dispatch import fused_kernels
 from nonstop.models.critic_model import CriticModel
-from nonstop.train import pack_sequences
-from nonstop.trainer.actor import autocast, micro_batches, mini_batches
+from nonstop.trainer.batching import autocast, micro_batches, mini_batches, pack_rows, prefix_grouped, unpack_rows
 from nonstop.trainer.lr_schedule import build_optimizer
 from nonstop.trainer.rollout_batch import RolloutBatch
 
@@ -44,15 +49,18 @@ class Critic:
         self.optimizer, self.scheduler = build_optimizer(model, config.optim, total_steps)
         self.skipped_steps = 0
 
-    def forward(self, batch: RolloutBatch, rows: list[int], width: int) -> Tensor:
-        """Values of every response token of `rows`, `[b, width]` fp32 (zero on padding)."""
-        packed = pack_sequences(
-            [(batch.samples[r].prompt_token_ids, batch.samples[r].response_token_ids) for r in rows], self.device
-        )
+    def prefix_grouped(self, batch: RolloutBatch, rows: list[int]) -> bool:
+        """Whether `rows` run prefix-grouped under `critic.use_prefix_grouper` (trainer/batching.py)."""
+        return prefix_grouped(self.config.use_prefix_grouper, batch, rows)
+
+    def forward(self, batch: RolloutBatch, rows: list[int], width: int, grouped: bool = False) -> Tensor:
+        """Values of every response token of `rows`, `[b, width]` fp32 (zero on padding). `grouped`: samples of
+        `rows` sharing a prompt are packed as one prefix group."""
+        packed, order = pack_rows(batch, rows, self.device, grouped)
         with autocast(self.device, self.compute_dtype):
             hidden_TD = self.model(packed.input_ids_T, packed.positions_T, packed.attention())
             values_R = self.model.values(hidden_TD[packed.predict_index_R])
-        return packed.to_padded(values_R, width)
+        return unpack_rows(values_R, packed, order, width)
 
     @torch.no_grad()
     def compute_values(self, batch: RolloutBatch) -> Tensor:
@@ -63,16 +71,20 @@ class Critic:
         width = batch.response_mask().shape[1]
         values_BL = torch.zeros(len(batch), width, device=self.device)
         self.model.eval()
+        everything = list(range(len(batch)))
+        grouped = self.prefix_grouped(batch, everything)
         parts = micro_batches(
             batch,
-            list(range(len(batch))),
+            everything,
+            self.device,
             cfg.use_dynamic_bsz,
             cfg.forward_max_token_len_per_gpu,
             cfg.forward_micro_batch_size_per_gpu,
+            grouped,
         )
         with fused_kernels(False):
             for rows in parts:
-                values_BL[rows] = self.forward(batch, rows, width)
+                values_BL[rows] = self.forward(batch, rows, width, grouped)
         return values_BL
 
     def update(self, batch: RolloutBatch, values_BL: Tensor, returns_BL: Tensor) -> dict[str, float]:
@@ -82,32 +94,47 @@ class Critic:
         values_BL, returns_BL = values_BL.to(self.device), returns_BL.to(self.device)
         lr = self.optimizer.param_groups[0]["lr"]
         sums: dict[str, float] = {}
-        num_updates = 0
+        num_updates = num_grouped = 0
         self.model.train()
         for _ in range(cfg.ppo_epochs):
             for mini in mini_batches(batch, cfg.ppo_mini_batch_size * self.rollout_n):
-                for key, value in self._mini_batch_step(batch, mini, mask_BL, values_BL, returns_BL).items():
+                grouped = self.prefix_grouped(batch, mini)
+                for key, value in self._mini_batch_step(batch, mini, mask_BL, values_BL, returns_BL, grouped).items():
                     sums[key] = sums.get(key, 0.0) + value
                 num_updates += 1
+                num_grouped += grouped
         self.scheduler.step()
         metrics = {key: value / num_updates for key, value in sums.items()}
         metrics["critic/lr"] = lr
         metrics["critic/skipped_steps"] = float(self.skipped_steps)
+        metrics["critic/prefix_grouped"] = num_grouped / num_updates
         return metrics
 
     def _mini_batch_step(
-        self, batch: RolloutBatch, mini: list[int], mask_BL: Tensor, values_BL: Tensor, returns_BL: Tensor
+        self,
+        batch: RolloutBatch,
+        mini: list[int],
+        mask_BL: Tensor,
+        values_BL: Tensor,
+        returns_BL: Tensor,
+        grouped: bool,
     ) -> dict[str, float]:
         cfg = self.config
         width = mask_BL.shape[1]
         info = {"batch_num_tokens": mask_BL[mini].sum(), "global_batch_size": len(mini)}
         totals = {k: torch.zeros((), device=self.device) for k in ("vf_loss", "vf_clipfrac", "vpred_mean")}
         parts = micro_batches(
-            batch, mini, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu, cfg.ppo_micro_batch_size_per_gpu
+            batch,
+            mini,
+            self.device,
+            cfg.use_dynamic_bsz,
+            cfg.ppo_max_token_len_per_gpu,
+            cfg.ppo_micro_batch_size_per_gpu,
+            grouped,
         )
         for rows in parts:
             mask_bL = mask_BL[rows]
-            vpreds_bL = self.forward(batch, rows, width)
+            vpreds_bL = self.forward(batch, rows, width, grouped)
             vf_loss, vf_clipfrac = compute_value_loss(
                 vpreds_bL,
                 returns_BL[rows],

@@ -58,6 +58,7 @@ from nonstop.trainer.loggers import build_sinks
 from nonstop.trainer.metrics import MetricsLog, data_metrics, model_flops_metrics
 from nonstop.trainer.plots import plot_curves
 from nonstop.trainer.rollout_batch import RolloutBatch, Sample, generate_rollouts
+from nonstop.trainer.sync_probe import PROBE_PROMPTS, probe_diff, probe_engine
 
 # Estimators the loop can feed: outcome scores and groups, plus the critic's values for gae (remax's greedy baseline
 # pass does not exist yet).
@@ -70,7 +71,6 @@ SUPPORTED_ESTIMATORS = (
     "grpo_passk",
     "gae",
 )
-PROBE_PROMPTS, PROBE_TOKENS = 2, 16  # the weight-sync probe: a few sampled tokens of the first step's first prompts
 
 
 class SyncTrainer:
@@ -135,7 +135,7 @@ class SyncTrainer:
             critic_model.gradient_checkpointing = config.critic.model.enable_gradient_checkpointing
             self.critic = Critic(critic_model, config.critic, rollout.n, self.total_steps, compute_dtype)
         self.seed = 0 if config.data.seed is None else config.data.seed
-        self.shares_weights = llm.model is model
+        self.shares_weights = llm is not None and llm.model is model  # llm None: a trainer rank of split placement
         self.free_cache_engine = rollout.free_cache_engine and device.type == "cuda"
         self.run_dir = Path(config.trainer.default_local_dir)
         self.ckpt_root = checkpoint_root(self.run_dir)
@@ -226,9 +226,7 @@ class SyncTrainer:
         time is known."""
         cfg = self.config
         batch, scores_B, extra = self._rollout(step, rec)
-        if cfg.trainer.balance_batch and self.dist.distributed:
-            with rec("balance"):
-                batch, scores_B = balance_batch(batch, scores_B, self.dist)
+        batch, scores_B = self._balance(batch, scores_B, rec)
         tokens = sum(batch.total_lengths)
         mask_BL = batch.response_mask()
         ref_log_prob_BL = None
@@ -325,6 +323,15 @@ class SyncTrainer:
         batch, rewards = collector.batch(cfg.data.max_response_length)
         metrics.update(collector.metrics())
         return batch, torch.tensor(rewards, dtype=torch.float32), {**metrics, **self._overlong_metrics(batch)}
+
+    def _balance(
+        self, batch: RolloutBatch, scores_B: torch.Tensor, rec: PhaseRecorder
+    ) -> tuple[RolloutBatch, torch.Tensor]:
+        """This rank's samples to train on: on several ranks, whole groups traded to even out their tokens."""
+        if not (self.config.trainer.balance_batch and self.dist.distributed):
+            return batch, scores_B
+        with rec("balance"):
+            return balance_batch(batch, scores_B, self.dist)
 
     def _overlong_penalties(self, batch: RolloutBatch) -> torch.Tensor:
         buffer = self.config.reward_model.overlong_buffer
@@ -492,19 +499,9 @@ class SyncTrainer:
                 self.llm.release()
 
     def _sync_probe(self, step: int) -> float:
-        """Mean |engine − trainer| log-prob of a few tokens the engine samples at temperature 1 from fixed prompts:
-        ~bf16 noise when the engine holds the trainer's weights, large when a sync was missed."""
-        room = self.llm.llm_engine.max_model_len
-        params = [
-            SamplingParams(temperature=1.0, max_tokens=min(PROBE_TOKENS, room - len(p)), ignore_eos=True, seed=step)
-            for p in self.probe_prompts
-        ]
-        outputs = self.llm.generate(self.probe_prompts, params)
-        responses = [list(out.outputs[0].token_ids) for out in outputs]
-        pairs = list(zip(self.probe_prompts, responses, strict=True))
-        engine_R = torch.tensor([lp for out in outputs for lp in out.outputs[0].logprobs])
-        trainer_R = self.actor.sequence_logprobs(pairs).float().cpu()
-        return (trainer_R - engine_R).abs().mean().item()
+        """Mean |engine − trainer| log-prob of the probe tokens (sync_probe.py)."""
+        responses, engine_logprobs = probe_engine(self.llm, self.probe_prompts, seed=step)
+        return probe_diff(self.actor, self.probe_prompts, responses, engine_logprobs).mean().item()
 
     def _collect_scores(self, batch: RolloutBatch, prefix: str) -> tuple[torch.Tensor, list[dict[str, Any]]]:
         """`[B]` scores (rule, reward model, or their sum per `reward_model.combine`) and the rule scorer's extra

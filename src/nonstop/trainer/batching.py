@@ -1,0 +1,114 @@
+"""How the actor and the critic cut a step's batch, one implementation for both: contiguous mini-batches,
+micro-batches by count or token budget, the prefix-grouping decision (`use_prefix_grouper`), and the packing of a
+micro-batch's rows (plain or prefix-grouped) with the way back from packed per-token results to `[b, L]` rows.
+
+Prefix-grouped micro-batches by token budget hold whole prompt groups, each costing its prompt once plus its
+responses (train/prefix_grouping.py). Across ranks every rank gets the largest rank's micro-batch count, so their
+collectives line up.
+
+Legend: b samples of one micro-batch, L padded response width, R response tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import Tensor
+
+from nonstop.config.actor import PREFIX_GROUPER_AUTO_MIN_SAVED
+from nonstop.dist.collectives import all_reduce_max
+from nonstop.train import (
+    PackedBatch,
+    PrefixGroupedBatch,
+    fixed_micro_batches,
+    group_by_prompt,
+    pack_prefix_groups,
+    pack_sequences,
+    prefix_grouped_micro_batches,
+    prefix_saved_fraction,
+    split_to_count,
+    token_budget_micro_batches,
+)
+from nonstop.trainer.rollout_batch import RolloutBatch
+
+
+def mini_batches(batch: RolloutBatch, size: int) -> list[list[int]]:
+    """Contiguous runs of `size` samples (`ppo_mini_batch_size` prompts × n; the last may be shorter)."""
+    return [list(range(s, min(s + size, len(batch)))) for s in range(0, len(batch), size)]
+
+
+def prefix_grouped(use_prefix_grouper: bool | str, batch: RolloutBatch, rows: list[int]) -> bool:
+    """Whether `rows` run prefix-grouped: `use_prefix_grouper` true, or `auto` and grouping skips at least
+    `PREFIX_GROUPER_AUTO_MIN_SAVED` of their tokens."""
+    if use_prefix_grouper != "auto":
+        return bool(use_prefix_grouper)
+    prompts = [batch.samples[r].prompt_token_ids for r in rows]
+    saved = prefix_saved_fraction(prompts, [batch.response_lengths[r] for r in rows])
+    return saved >= PREFIX_GROUPER_AUTO_MIN_SAVED
+
+
+def micro_batches(
+    batch: RolloutBatch,
+    rows: list[int],
+    device: torch.device,
+    use_dynamic_bsz: bool,
+    max_token_len: int,
+    micro_batch_size: int | None,
+    grouped: bool = False,
+) -> list[list[int]]:
+    """Index lists into `rows`' samples: by token budget (`use_dynamic_bsz`; whole prompt groups, each costing its
+    prompt once, when `grouped`) or by count (None = all of them). Across ranks, every rank gets the largest rank's
+    count."""
+    lengths = [batch.total_lengths[r] for r in rows]
+    if use_dynamic_bsz:
+        if grouped:
+            prompts = [batch.samples[r].prompt_token_ids for r in rows]
+            parts = prefix_grouped_micro_batches(prompts, [batch.response_lengths[r] for r in rows], max_token_len)
+        else:
+            parts = token_budget_micro_batches(lengths, max_token_len)
+    else:
+        parts = fixed_micro_batches(len(rows), micro_batch_size or len(rows))
+    count = all_reduce_max(len(parts), device)
+    if count > len(parts):
+        if use_dynamic_bsz and not grouped:
+            parts = token_budget_micro_batches(lengths, max_token_len, min_num_micro_batches=count)
+        else:
+            parts = split_to_count(parts, lengths, count)
+    return [[rows[i] for i in part] for part in parts]
+
+
+def pack_rows(
+    batch: RolloutBatch, rows: list[int], device: torch.device, grouped: bool
+) -> tuple[PackedBatch | PrefixGroupedBatch, list[int]]:
+    """One micro-batch of `rows`' samples, plain or (`grouped`) with the samples sharing a prompt as one prefix group,
+    and its packed order: packed sample k is `rows[order[k]]`."""
+    samples = [batch.samples[r] for r in rows]
+    if not grouped:
+        pairs = [(s.prompt_token_ids, s.response_token_ids) for s in samples]
+        return pack_sequences(pairs, device), list(range(len(rows)))
+    groups = group_by_prompt([s.prompt_token_ids for s in samples])
+    packed = pack_prefix_groups(
+        [(samples[g[0]].prompt_token_ids, [samples[i].response_token_ids for i in g]) for g in groups], device
+    )
+    return packed, [i for g in groups for i in g]
+
+
+def unpack_rows(values_R: Tensor, packed: PackedBatch | PrefixGroupedBatch, order: list[int], width: int) -> Tensor:
+    """Per-response-token values in packed order as `[b, width]` rows in `rows`' order, zero past each response."""
+    lengths_b = torch.tensor(packed.response_lengths, device=values_R.device)
+    mask_bL = torch.arange(width, device=values_R.device) < lengths_b.unsqueeze(1)
+    # Boolean-mask assignment fills row by row, left to right: the packed order of response tokens.
+    values_bL = values_R.new_zeros(len(order), width).masked_scatter(mask_bL, values_R)
+    if order == sorted(order):
+        return values_bL
+    unpack_b = torch.empty(len(order), dtype=torch.long)
+    unpack_b[order] = torch.arange(len(order))
+    return values_bL[unpack_b.to(values_R.device)]
+
+
+def autocast(device: torch.device, compute_dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    """Forward and backward under `compute_dtype` autocast on CUDA; a no-op elsewhere or without a dtype."""
+    if device.type == "cuda" and compute_dtype is not None:
+        return torch.autocast("cuda", dtype=compute_dtype)
+    return contextlib.nullcontext()

@@ -1,0 +1,33 @@
+"""The weight-sync probe (`actor/sync_logprob_diff`): after a sync the engine samples a few tokens at temperature 1
+from fixed prompts, and the trainer scores the same tokens. Engine and trainer log-probs agree to bf16 noise when
+the engine holds the trainer's weights, and differ by far more when a sync was missed. Split in an engine half and
+a trainer half, since under split placement they run on different ranks."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from nonstop.rollout import LLM, SamplingParams
+
+PROBE_PROMPTS, PROBE_TOKENS = 2, 16  # a few sampled tokens of the first step's first prompts
+
+
+def probe_engine(llm: LLM, prompts: list[list[int]], seed: int) -> tuple[list[list[int]], list[float]]:
+    """The engine's half: each prompt's sampled tokens and, flat in the same order, their log-probs."""
+    room = llm.llm_engine.max_model_len
+    params = [
+        SamplingParams(temperature=1.0, max_tokens=min(PROBE_TOKENS, room - len(p)), ignore_eos=True, seed=seed)
+        for p in prompts
+    ]
+    outputs = llm.generate(prompts, params)
+    responses = [list(out.outputs[0].token_ids) for out in outputs]
+    return responses, [lp for out in outputs for lp in out.outputs[0].logprobs]
+
+
+def probe_diff(actor, prompts: list[list[int]], responses: list[list[int]], engine_logprobs: list[float]) -> Tensor:
+    """The trainer's half (`actor.sequence_logprobs`, a collective over sharded trainer ranks): `[R]` |trainer −
+    engine| per probed token."""
+    pairs = list(zip(prompts, responses, strict=True))
+    trainer_R = actor.sequence_logprobs(pairs).float().cpu()
+    return (trainer_R - torch.tensor(engine_logprobs)).abs()
