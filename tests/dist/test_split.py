@@ -33,7 +33,8 @@ from nonstop.dist.placement import check_split, split_placement  # noqa: E402
 from nonstop.dist.weight_sync import bucket_plan  # noqa: E402
 from nonstop.rewards import RewardPool  # noqa: E402
 from nonstop.rollout import LLM  # noqa: E402
-from nonstop.trainer.build import check_data_parallel, reference_model  # noqa: E402
+from nonstop.trainer.build import check_data_parallel, check_overlap_warmup, reference_model  # noqa: E402
+from nonstop.trainer.build import check_split as check_split_config  # noqa: E402
 from nonstop.trainer.split_rollout import RolloutWorker  # noqa: E402
 from nonstop.trainer.split_trainer import SplitTrainer  # noqa: E402
 
@@ -45,7 +46,7 @@ def make_split_rank(run_dir: str, overrides: tuple[str, ...], seed: int = 0):
     """This rank's side (a `SplitTrainer` or a `RolloutWorker`) of a split run, as build_trainer makes them. The
     rollout engine starts from other weights than the trainer's: only the sync makes them equal."""
     config = tiny_run_config(run_dir, ("trainer.placement=split", *overrides))
-    placement = split_placement(config.trainer.rollout_n_gpus)
+    placement = split_placement(config.trainer.rollout_n_gpus, config.actor_rollout_ref.nccl_timeout)
     torch.manual_seed(seed)
     loader = FixedPrompts(config.data.gen_batch_size, seed)
     if placement.is_rollout:
@@ -229,6 +230,27 @@ def test_split_config_errors():
     colocated_async = load_config(None, ("trainer.mode=async",))
     with pytest.raises(ValueError, match="or on several with trainer.placement=split"):
         check_data_parallel(colocated_async, DistInfo(0, 2))
+    # Checked on every rank before the groups exist: 8 prompts do not split over 3 trainer ranks (4 ranks, 1 rollout).
+    split = ("trainer.placement=split", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2",
+             "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8")  # fmt: skip
+    check_split_config(load_config(None, split), 3)  # 2 trainer ranks: fine
+    with pytest.raises(ValueError, match="data.train_batch_size=8 must be a multiple of the 3 trainer ranks"):
+        check_split_config(load_config(None, split), 4)
+    with pytest.raises(ValueError, match="trainer.val_only is not supported with trainer.placement=split"):
+        check_split_config(load_config(None, (*split, "trainer.val_only=True")), 2)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [("trainer.mode=one_step_off",), ("trainer.mode=async",), ("trainer.placement=split",)],
+)
+def test_critic_warmup_is_refused_where_it_would_hang(overrides):
+    """No actor update during warm-up means no new policy version: generation ahead of the trainer would wait
+    forever (reproduced: one_step_off with critic_warmup=2 hung at step 3 in take_block)."""
+    check_overlap_warmup(load_config(None, overrides))  # warm-up off: fine
+    check_overlap_warmup(load_config(None, ("algorithm.adv_estimator=gae", "trainer.critic_warmup=2")))  # sync: fine
+    with pytest.raises(ValueError, match="trainer.critic_warmup=2 is not supported with trainer.mode="):
+        check_overlap_warmup(load_config(None, (*overrides, "trainer.critic_warmup=2")))
 
 
 def test_bucket_plan_packs_parameters_in_order_up_to_the_bucket_size():

@@ -56,6 +56,7 @@ def micro_batches(
     max_token_len: int,
     micro_batch_size: int | None,
     grouped: bool = False,
+    key: str = "ppo_max_token_len_per_gpu",
 ) -> list[list[int]]:
     """Index lists into `rows`' samples: by token budget (`use_dynamic_bsz`; whole prompt groups, each costing its
     prompt once, when `grouped`) or by count (None = all of them). Across ranks, every rank gets the largest rank's
@@ -64,15 +65,16 @@ def micro_batches(
     if use_dynamic_bsz:
         if grouped:
             prompts = [batch.samples[r].prompt_token_ids for r in rows]
-            parts = prefix_grouped_micro_batches(prompts, [batch.response_lengths[r] for r in rows], max_token_len)
+            responses = [batch.response_lengths[r] for r in rows]
+            parts = prefix_grouped_micro_batches(prompts, responses, max_token_len, key=key)
         else:
-            parts = token_budget_micro_batches(lengths, max_token_len)
+            parts = token_budget_micro_batches(lengths, max_token_len, key=key)
     else:
         parts = fixed_micro_batches(len(rows), micro_batch_size or len(rows))
     count = all_reduce_max(len(parts), device)
     if count > len(parts):
         if use_dynamic_bsz and not grouped:
-            parts = token_budget_micro_batches(lengths, max_token_len, min_num_micro_batches=count)
+            parts = token_budget_micro_batches(lengths, max_token_len, min_num_micro_batches=count, key=key)
         else:
             parts = split_to_count(parts, lengths, count)
     return [[rows[i] for i in part] for part in parts]

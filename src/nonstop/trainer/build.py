@@ -150,11 +150,39 @@ def check_split(config: NonstopConfig, world_size: int) -> None:
             raise ValueError(
                 f"{what} is not supported with trainer.placement=split yet; use trainer.placement=colocate"
             )
+    if config.trainer.val_only:
+        raise ValueError(
+            "trainer.val_only is not supported with trainer.placement=split; use trainer.placement=colocate"
+        )
     rollout_ranks = config.trainer.rollout_n_gpus
     if config.data.train_batch_size % rollout_ranks:
         raise ValueError(
             f"data.train_batch_size={config.data.train_batch_size} must be a multiple of trainer.rollout_n_gpus="
             f"{rollout_ranks} (whole prompts per rollout rank)"
+        )
+    # Checked here, on every rank before the groups exist, rather than on the trainer ranks only: a rollout rank
+    # would otherwise wait for a first block that never comes.
+    trainer_ranks = world_size - rollout_ranks
+    for key, value in (
+        ("data.train_batch_size", config.data.train_batch_size),
+        ("actor_rollout_ref.actor.ppo_mini_batch_size", config.actor_rollout_ref.actor.ppo_mini_batch_size),
+    ):
+        if value % trainer_ranks:
+            raise ValueError(
+                f"{key}={value} must be a multiple of the {trainer_ranks} trainer ranks (whole prompts each)"
+            )
+
+
+def check_overlap_warmup(config: NonstopConfig) -> None:
+    """The overlap modes and split placement publish weights (a new policy version) after each actor update; during
+    `trainer.critic_warmup` steps there is none, so generation ahead of the trainer would wait for a version that
+    never comes (a hang). Refused until warm-up steps publish too."""
+    overlapping = config.trainer.mode != "sync" or config.trainer.placement == "split"
+    if overlapping and config.trainer.critic_warmup > 0:
+        raise ValueError(
+            f"trainer.critic_warmup={config.trainer.critic_warmup} is not supported with trainer.mode="
+            f"{config.trainer.mode} / trainer.placement={config.trainer.placement}; use trainer.mode=sync with "
+            "trainer.placement=colocate, or trainer.critic_warmup=0"
         )
 
 
@@ -177,9 +205,10 @@ def build_trainer(config: NonstopConfig, console: bool = True) -> SyncTrainer | 
     info = init_process_group(device.type, config.actor_rollout_ref.nccl_timeout)
     use_train_group(None)  # every rank trains unless split placement says otherwise (a previous build's choice goes)
     placement = None
+    check_overlap_warmup(config)
     if config.trainer.placement == "split":
         check_split(config, info.world_size)
-        placement = split_placement(config.trainer.rollout_n_gpus)
+        placement = split_placement(config.trainer.rollout_n_gpus, config.actor_rollout_ref.nccl_timeout)
         if placement.is_rollout:
             return build_rollout_worker(config, device, placement)
     check_data_parallel(config, current())  # the trainer ranks' group under split placement

@@ -81,6 +81,7 @@ class Critic:
             cfg.forward_max_token_len_per_gpu,
             cfg.forward_micro_batch_size_per_gpu,
             grouped,
+            key="critic.forward_max_token_len_per_gpu",
         )
         with fused_kernels(False):
             for rows in parts:
@@ -131,6 +132,7 @@ class Critic:
             cfg.ppo_max_token_len_per_gpu,
             cfg.ppo_micro_batch_size_per_gpu,
             grouped,
+            key="critic.ppo_max_token_len_per_gpu",
         )
         for rows in parts:
             mask_bL = mask_BL[rows]
