@@ -1,9 +1,11 @@
 """The sync trainer on two gloo ranks: data-parallel rollout, balanced batches, FSDP2 update, full weights gathered
-into each rank's engine (sync probe ~0), a sharded checkpoint that resumes on one rank."""
+into each rank's engine (sync probe ~0), a sharded checkpoint that resumes on one rank; the same for PPO (the FSDP2
+critic checkpointed and resumed too), and `nonstop export` of a sharded checkpoint equal to a one-rank one's."""
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from safetensors.torch import load_file, save_file
 sys.path.insert(0, str(Path(__file__).parent.parent / "trainer"))
 from trainer_helpers import make_trainer  # noqa: E402
 
+from nonstop.cli import main  # noqa: E402
 from nonstop.dist.fsdp import full_named_parameters  # noqa: E402
 
 OVERRIDES = ("data.train_batch_size=4", "actor_rollout_ref.rollout.n=4", "trainer.save_freq=2")
@@ -42,7 +45,7 @@ def test_two_rank_run_checkpoints_and_resumes_on_one_rank(tmp_path):
     assert len(rows) == 2 and rows[1]["actor/sync_logprob_diff"] < 1e-5  # fp32 engine: exact weights after sync
     assert not (tmp_path / "rank_1" / "config.yaml").exists() and (tmp_path / "rank_1" / "metrics.jsonl").exists()
     step_dir = tmp_path / "checkpoints" / "global_step_2"
-    assert (step_dir / "dcp").is_dir() and not (step_dir / "actor").exists()
+    assert (step_dir / "dcp").is_dir() and not list((step_dir / "actor").glob("*.safetensors"))  # config only
 
     final = load_file(tmp_path / "final.safetensors")
     trainer = make_trainer(tmp_path, (*OVERRIDES, "trainer.total_training_steps=3"), engine_copy=True)
@@ -56,3 +59,58 @@ def test_two_rank_run_checkpoints_and_resumes_on_one_rank(tmp_path):
         assert torch.isfinite(torch.tensor(metrics["actor/pg_loss"]))
     finally:
         trainer.close()
+
+
+PPO = (*OVERRIDES, "algorithm.adv_estimator=gae", "critic.optim.lr=1e-2")
+
+
+def ppo_worker(rank: int, run_dir: str) -> None:
+    trainer = make_trainer(Path(run_dir), (*PPO, "trainer.total_training_steps=2"), engine_copy=True, shard=True)
+    try:
+        trainer.fit()
+        tensors = {f"actor.{n}": t.clone() for n, t in full_named_parameters(trainer.model)}
+        tensors.update({f"critic.{n}": t.clone() for n, t in full_named_parameters(trainer.critic.model)})
+        if rank == 0:
+            save_file(tensors, f"{run_dir}/final.safetensors")
+    finally:
+        trainer.close()
+
+
+def test_two_rank_ppo_run_resumes_on_one_rank_and_exports(tmp_path):
+    run_dir = tmp_path / "run"
+    spawn(ppo_worker, 2, str(run_dir))
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(row["critic/vf_loss"]) and row["critic/grad_norm"] > 0 for row in rows)
+    step_dir = run_dir / "checkpoints" / "global_step_2"
+    assert (step_dir / "dcp").is_dir() and (step_dir / "critic" / "dcp").is_dir()
+
+    final = load_file(run_dir / "final.safetensors")
+    trainer = make_trainer(run_dir, (*PPO, "trainer.total_training_steps=3"), engine_copy=True)
+    try:
+        assert trainer.resume() == 2
+        for prefix, model in (("actor", trainer.model), ("critic", trainer.critic.model)):
+            for name, param in model.named_parameters():
+                torch.testing.assert_close(param.detach(), final[f"{prefix}.{name}"], rtol=0, atol=0)
+        moments = [s["exp_avg"] for s in trainer.critic.optimizer.state.values()]
+        assert len(moments) == len(list(trainer.critic.model.parameters())) and all(m.abs().sum() > 0 for m in moments)
+        trainer.ckpt_root = tmp_path / "one" / "checkpoints"
+        trainer.save(2)  # the same weights, saved by one rank: the export to compare with
+        metrics = trainer.step(3)  # trains on, critic included, on one rank
+        assert math.isfinite(metrics["critic/vf_loss"]) and math.isfinite(metrics["actor/pg_loss"])
+    finally:
+        trainer.close()
+
+    assert main(["export", str(step_dir), "--out", str(tmp_path / "hf2")]) == 0
+    one_rank_step = tmp_path / "one" / "checkpoints" / "global_step_2"
+    assert main(["export", str(one_rank_step), "--out", str(tmp_path / "hf1")]) == 0
+    files = sorted(p.name for p in (tmp_path / "hf1").iterdir())
+    assert sorted(p.name for p in (tmp_path / "hf2").iterdir()) == files and "config.json" in files
+    for name in files:
+        if not name.endswith(".safetensors"):
+            assert (tmp_path / "hf2" / name).read_text() == (tmp_path / "hf1" / name).read_text(), name
+    sharded = load_file(tmp_path / "hf2" / "model.safetensors")
+    plain = load_file(tmp_path / "hf1" / "model.safetensors")
+    assert sharded.keys() == plain.keys() == {k.removeprefix("actor.") for k in final if k.startswith("actor.")}
+    for name, tensor in sharded.items():  # bf16, the export's default
+        assert tensor.dtype == torch.bfloat16 and torch.equal(tensor, plain[name]), name
+        assert torch.equal(tensor, final[f"actor.{name}"].to(torch.bfloat16)), name

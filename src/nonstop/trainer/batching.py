@@ -1,6 +1,7 @@
-"""How the actor and the critic cut a step's batch, one implementation for both: contiguous mini-batches,
-micro-batches by count or token budget, the prefix-grouping decision (`use_prefix_grouper`), and the packing of a
-micro-batch's rows (plain or prefix-grouped) with the way back from packed per-token results to `[b, L]` rows.
+"""How the actor and the critic cut a step's batch, one implementation for both: contiguous mini-batches (each rank's
+share of the global `ppo_mini_batch_size`), micro-batches by count or token budget, the prefix-grouping decision
+(`use_prefix_grouper`), and the packing of a micro-batch's rows (plain or prefix-grouped) with the way back from
+packed per-token results to `[b, L]` rows.
 
 Prefix-grouped micro-batches by token budget hold whole prompt groups, each costing its prompt once plus its
 responses (train/prefix_grouping.py). Across ranks every rank gets the largest rank's micro-batch count, so their
@@ -18,6 +19,7 @@ from torch import Tensor
 
 from nonstop.config.actor import PREFIX_GROUPER_AUTO_MIN_SAVED
 from nonstop.dist.collectives import all_reduce_max
+from nonstop.dist.process_group import current
 from nonstop.train import (
     PackedBatch,
     PrefixGroupedBatch,
@@ -36,6 +38,12 @@ from nonstop.trainer.rollout_batch import RolloutBatch
 def mini_batches(batch: RolloutBatch, size: int) -> list[list[int]]:
     """Contiguous runs of `size` samples (`ppo_mini_batch_size` prompts × n; the last may be shorter)."""
     return [list(range(s, min(s + size, len(batch)))) for s in range(0, len(batch), size)]
+
+
+def rank_mini_batch_size(ppo_mini_batch_size: int, rollout_n: int) -> int:
+    """Samples of this rank's share of a mini-batch: `ppo_mini_batch_size` prompts are global, each of the ranks holds
+    `1 / world_size` of them (verl's normalisation by the data-parallel size)."""
+    return max(1, ppo_mini_batch_size // current().world_size) * rollout_n
 
 
 def prefix_grouped(use_prefix_grouper: bool | str, batch: RolloutBatch, rows: list[int]) -> bool:

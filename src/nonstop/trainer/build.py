@@ -111,7 +111,8 @@ TRAINERS = {"sync": SyncTrainer, "one_step_off": OneStepOffTrainer, "async": Asy
 
 
 def check_data_parallel(config: NonstopConfig, info: DistInfo) -> None:
-    """What several training ranks need: colocated, the sync loop; prompt counts that split evenly over the ranks."""
+    """What several training ranks need: colocated, the sync loop; prompt counts that split evenly over the ranks.
+    (Split placement refuses what it cannot do yet in `check_split`, a critic included.)"""
     if not info.distributed:
         return
     if config.trainer.mode != "sync" and config.trainer.placement == "colocate":
@@ -123,14 +124,13 @@ def check_data_parallel(config: NonstopConfig, info: DistInfo) -> None:
         raise ValueError("algorithm.filter_groups runs on one rank only so far")
     if config.actor_rollout_ref.model.lora_rank > 0:
         raise ValueError("LoRA (actor_rollout_ref.model.lora_rank > 0) runs on one rank only so far")
-    if config.algorithm.adv_estimator == "gae" or config.critic.enable is True:
-        raise ValueError(
-            "a critic (algorithm.adv_estimator=gae) runs on one rank only so far: its update is not sharded yet"
-        )
-    for key, value in (
+    counts = [
         ("data.train_batch_size", config.data.train_batch_size),
         ("actor_rollout_ref.actor.ppo_mini_batch_size", config.actor_rollout_ref.actor.ppo_mini_batch_size),
-    ):
+    ]
+    if config.critic.enable:
+        counts.append(("critic.ppo_mini_batch_size", config.critic.ppo_mini_batch_size))
+    for key, value in counts:
         if value % info.world_size:
             raise ValueError(f"{key}={value} must be a multiple of the {info.world_size} ranks (whole prompts each)")
 
@@ -226,6 +226,9 @@ def build_trainer(config: NonstopConfig, console: bool = True) -> SyncTrainer | 
         shard_model(model, actor_cfg.fsdp_config, device, compute_dtype)
         if ref_model is not None:
             shard_model(ref_model, config.actor_rollout_ref.ref.fsdp_config, device, compute_dtype)
+        if critic_model is not None:
+            critic_fsdp = config.critic.model.fsdp_config
+            shard_model(critic_model, critic_fsdp, device, torch_dtype(critic_fsdp.dtype))
     reward_model = RewardModel.from_config(config.reward_model, device) if config.reward_model.enable else None
     val_loader = val_dataloader(config.data, tokenizer)
     trainer_cls, extra = TRAINERS[config.trainer.mode], {}
