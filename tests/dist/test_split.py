@@ -33,7 +33,7 @@ from nonstop.dist.placement import check_split, split_placement  # noqa: E402
 from nonstop.dist.weight_sync import bucket_plan  # noqa: E402
 from nonstop.rewards import RewardPool  # noqa: E402
 from nonstop.rollout import LLM  # noqa: E402
-from nonstop.trainer.build import check_data_parallel, check_overlap_warmup, reference_model  # noqa: E402
+from nonstop.trainer.build import check_data_parallel, reference_model  # noqa: E402
 from nonstop.trainer.build import check_split as check_split_config  # noqa: E402
 from nonstop.trainer.split_rollout import RolloutWorker  # noqa: E402
 from nonstop.trainer.split_trainer import SplitTrainer  # noqa: E402
@@ -238,19 +238,6 @@ def test_split_config_errors():
         check_split_config(load_config(None, split), 4)
     with pytest.raises(ValueError, match="trainer.val_only is not supported with trainer.placement=split"):
         check_split_config(load_config(None, (*split, "trainer.val_only=True")), 2)
-
-
-@pytest.mark.parametrize(
-    "overrides",
-    [("trainer.mode=one_step_off",), ("trainer.mode=async",), ("trainer.placement=split",)],
-)
-def test_critic_warmup_is_refused_where_it_would_hang(overrides):
-    """No actor update during warm-up means no new policy version: generation ahead of the trainer would wait
-    forever (reproduced: one_step_off with critic_warmup=2 hung at step 3 in take_block)."""
-    check_overlap_warmup(load_config(None, overrides))  # warm-up off: fine
-    check_overlap_warmup(load_config(None, ("algorithm.adv_estimator=gae", "trainer.critic_warmup=2")))  # sync: fine
-    with pytest.raises(ValueError, match="trainer.critic_warmup=2 is not supported with trainer.mode="):
-        check_overlap_warmup(load_config(None, (*overrides, "trainer.critic_warmup=2")))
 
 
 def test_bucket_plan_packs_parameters_in_order_up_to_the_bucket_size():

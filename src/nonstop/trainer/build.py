@@ -173,19 +173,6 @@ def check_split(config: NonstopConfig, world_size: int) -> None:
             )
 
 
-def check_overlap_warmup(config: NonstopConfig) -> None:
-    """The overlap modes and split placement publish weights (a new policy version) after each actor update; during
-    `trainer.critic_warmup` steps there is none, so generation ahead of the trainer would wait for a version that
-    never comes (a hang). Refused until warm-up steps publish too."""
-    overlapping = config.trainer.mode != "sync" or config.trainer.placement == "split"
-    if overlapping and config.trainer.critic_warmup > 0:
-        raise ValueError(
-            f"trainer.critic_warmup={config.trainer.critic_warmup} is not supported with trainer.mode="
-            f"{config.trainer.mode} / trainer.placement={config.trainer.placement}; use trainer.mode=sync with "
-            "trainer.placement=colocate, or trainer.critic_warmup=0"
-        )
-
-
 def check_no_validation(config: NonstopConfig, val_loader) -> None:
     trainer_cfg = config.trainer
     if val_loader is not None and (trainer_cfg.val_before_train or trainer_cfg.test_freq > 0 or trainer_cfg.val_only):
@@ -205,7 +192,6 @@ def build_trainer(config: NonstopConfig, console: bool = True) -> SyncTrainer | 
     info = init_process_group(device.type, config.actor_rollout_ref.nccl_timeout)
     use_train_group(None)  # every rank trains unless split placement says otherwise (a previous build's choice goes)
     placement = None
-    check_overlap_warmup(config)
     if config.trainer.placement == "split":
         check_split(config, info.world_size)
         placement = split_placement(config.trainer.rollout_n_gpus, config.actor_rollout_ref.nccl_timeout)

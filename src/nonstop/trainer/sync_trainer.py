@@ -75,6 +75,10 @@ SUPPORTED_ESTIMATORS = (
 
 
 class SyncTrainer:
+    # Whether every step publishes a policy version, actor updated or not (critic warm-up): the overlap modes' rollout
+    # admits the next block by version, so a step without one would leave it waiting.
+    publishes_every_step = False
+
     def __init__(
         self,
         config: NonstopConfig,
@@ -277,6 +281,9 @@ class SyncTrainer:
             with rec("update_weights"):
                 self._sync_weights()
             self.nonfinite_streak = self.nonfinite_streak + 1 if self.actor.skipped_steps > skipped_before else 0
+        elif self.publishes_every_step:  # unchanged weights, but a new policy version the rollout side waits for
+            with rec("update_weights"):
+                self._sync_weights()
         metrics.update(self.reward_pool.pop_metrics())
         metrics.update(extra)
         metrics["perf/total_num_tokens"] = float(tokens)
