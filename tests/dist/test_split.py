@@ -1,11 +1,12 @@
 """Split placement on two gloo ranks (rank 0 trains, rank 1 generates), on the "emit token 7" task of
 trainer_helpers: the broadcast weights land exactly in the rollout engine, `sync` reproduces a one-rank colocated
-run, the overlap modes train every sample once within their staleness bound, a failing rollout rank ends the run
-with its error."""
+run, the overlap modes train every sample once within their staleness bound, a rollout rank failing in its block,
+its start-up or its weight sync ends the run with its error."""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import threading
 import time
@@ -214,6 +215,52 @@ def test_a_failing_rollout_rank_ends_the_run_with_its_error(tmp_path):
         text = trainer_error.read_text()
         forwarded = "rollout rank 1 failed: RuntimeError: the rollouter thread failed (injected engine failure)"
         assert forwarded in text or "Connection closed by peer" in text, text
+
+
+def failing_sync_worker(rank: int, run_dir: str, where: str) -> None:
+    """Rank 1 (rollout) fails at its start-up shape check (`start`) or while loading the second broadcast (`load`).
+    It then waits (at most 30 s) for rank 0 to record its error, so the launcher stopping rank 0 cannot hide it: rank 0
+    must fail by itself, at once, not after the collective timeout (the test's 60 s)."""
+    # A 40 s collective timeout: without the hand-shake the run would fail late, with a timeout, not with the error.
+    overrides = ("trainer.total_training_steps=3", "trainer.mode=async", "actor_rollout_ref.nccl_timeout=40")
+    side = make_split_rank(run_dir, overrides)
+    if rank == 1 and where == "start":
+        side.llm.model.lm_head.weight.data = torch.zeros(1, 1)
+    if rank == 1 and where == "load":
+        real_update, calls = side.llm.update_weights, []
+
+        def load_then_fail(named_tensors):
+            calls.append(1)
+            if len(calls) == 2:
+                next(iter(named_tensors))  # a bucket in: the broadcast has begun
+                raise RuntimeError("injected update_weights failure")
+            return real_update(named_tensors)
+
+        side.llm.update_weights = load_then_fail
+    try:
+        side.fit()
+    except Exception as error:
+        (Path(run_dir) / f"error_{rank}.txt").write_text(str(error))
+        deadline = time.monotonic() + 30
+        while rank == 1 and not (Path(run_dir) / "error_0.txt").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        raise
+    finally:
+        side.close()
+
+
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [("start", "the trainer's parameters (.*) do not match"), ("load", "injected update_weights failure")],
+)
+def test_a_rollout_rank_failing_at_its_weight_sync_ends_the_run_with_its_error(tmp_path, where, message):
+    start = time.monotonic()
+    with pytest.raises(Exception, match=message):
+        spawn(failing_sync_worker, 2, str(tmp_path), where)
+    assert time.monotonic() - start < 60
+    assert re.search(message, (tmp_path / "error_1.txt").read_text())
+    text = (tmp_path / "error_0.txt").read_text()
+    assert re.search(f"rollout rank 1 failed: .*{message}", text), text
 
 
 def test_split_config_errors():
