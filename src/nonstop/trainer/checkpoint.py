@@ -14,7 +14,8 @@ Layout (verl's names where verl has one):
 On several ranks (FSDP2 models) the weights and AdamW moments are `torch.distributed.checkpoint` (DCP) shards
 (dist/checkpoint.py), which load on any number of ranks: `dcp/` for the actor, whose `actor/` then holds only
 `config.json` and the tokenizer (what `nonstop export` needs to write the gathered weights as an HF directory), and
-`critic/dcp/` for the critic. Rank 0 writes everything else.
+`critic/dcp/` for the critic. Rank 0 writes everything else. A one-rank checkpoint also resumes on several: every
+rank reads the whole weights and moments and keeps its shard of each (`shard_like`).
 
 A step directory is written under a temporary name and renamed into place, and the `latest` file is replaced
 atomically after that, so a crash mid-save leaves the previous checkpoint as the latest. Nothing is read back
@@ -38,7 +39,7 @@ from safetensors.torch import load_file, save_file
 
 from nonstop.dist import barrier, current
 from nonstop.dist.checkpoint import SHARDED_DIR, load_sharded, save_sharded
-from nonstop.dist.fsdp import is_sharded
+from nonstop.dist.fsdp import is_sharded, shard_like
 from nonstop.models.critic_model import CriticModel, save_critic_model
 from nonstop.models.hf_loader import iter_safetensors, safetensors_files
 from nonstop.models.lora import has_lora
@@ -207,12 +208,9 @@ def load_checkpoint(
 def _load_unsharded(
     path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer_state: dict[str, Any]
 ) -> None:
-    if is_sharded(model):
-        raise ValueError(f"checkpoint {path} was saved on one rank; resuming it on several is not supported yet")
     _load_actor(path, model)
-    optimizer.load_state_dict(
-        _unflatten_optimizer(load_file(path / "optimizer.safetensors"), trainer_state["optimizer_param_groups"])
-    )
+    tensors = load_file(path / "optimizer.safetensors")
+    _load_optimizer(optimizer, tensors, trainer_state["optimizer_param_groups"])
 
 
 def _load_actor(path: Path, model: torch.nn.Module) -> None:
@@ -227,12 +225,35 @@ def _load_actor(path: Path, model: torch.nn.Module) -> None:
     if has_lora(model):
         load_adapter_weights(model, actor)
         return
-    weights = dict(iter_safetensors(safetensors_files(actor)))
+    _copy_full_weights(path, model, dict(iter_safetensors(safetensors_files(actor))))
+
+
+def _copy_full_weights(path: Path, model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """Whole tensors (a one-rank checkpoint's) into `model`'s parameters; a sharded model's rank takes its shard."""
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name not in weights:
                 raise ValueError(f"checkpoint {path} has no tensor {name!r}; was it saved from another model?")
-            param.copy_(weights[name])
+            param.copy_(shard_like(weights[name], param))
+
+
+def _load_optimizer(
+    optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], groups: list[dict[str, Any]]
+) -> None:
+    """A one-rank checkpoint's AdamW state (whole moments) into `optimizer`; over a sharded model each rank takes the
+    shard of every moment that its parameter holds. Saved indices follow the optimizer's parameter order, as
+    `load_state_dict` assumes, so the i-th saved index is the i-th parameter of `optimizer.param_groups`."""
+    state_dict = _unflatten_optimizer(tensors, groups)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    indices = [i for group in state_dict["param_groups"] for i in group["params"]]
+    if len(indices) != len(params):
+        raise ValueError(f"the checkpoint's optimizer has {len(indices)} parameters, this model {len(params)}")
+    for index, param in zip(indices, params, strict=True):
+        per_param = state_dict["state"].get(index, {})
+        for key, value in per_param.items():
+            if value.dim() > 0:  # the moments; `step` is a scalar every rank keeps whole
+                per_param[key] = shard_like(value, param)
+    optimizer.load_state_dict(state_dict)
 
 
 def prune_checkpoints(root: Path, keep: int, current: int, part: str | None = None) -> None:
@@ -268,12 +289,9 @@ def _load_critic(
         raise ValueError(
             f"checkpoint {path} has no critic: it was saved without one, or trainer.max_critic_ckpt_to_keep pruned it"
         )
-    if is_sharded(critic):
-        raise ValueError(f"checkpoint {path} was saved on one rank; resuming it on several is not supported yet")
-    with torch.no_grad():
-        critic.load_state_dict(dict(iter_safetensors(safetensors_files(critic_dir))))  # copies into the parameters
+    _copy_full_weights(path, critic, dict(iter_safetensors(safetensors_files(critic_dir))))
     tensors = load_file(critic_dir / "optimizer.safetensors")
-    optimizer.load_state_dict(_unflatten_optimizer(tensors, trainer_state["critic_optimizer_param_groups"]))
+    _load_optimizer(optimizer, tensors, trainer_state["critic_optimizer_param_groups"])
 
 
 def _flatten_optimizer(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
