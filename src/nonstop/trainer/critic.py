@@ -31,9 +31,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from nonstop.algos import compute_value_loss, explained_variance
+from nonstop.algos import compute_value_loss
 from nonstop.config.critic import CriticConfig
-from nonstop.dist.collectives import all_reduce_sum_
+from nonstop.dist.collectives import all_reduce_sum_, sum_over_ranks
 from nonstop.dist.fsdp import full_value
 from nonstop.dist.offload import optimizer_step
 from nonstop.dist.process_group import current
@@ -184,13 +184,38 @@ class Critic:
         return metrics
 
 
-def value_metrics(values_BL: Tensor, returns_BL: Tensor, mask_BL: Tensor) -> dict[str, float]:
-    """verl's data metrics of a critic run, over the valid response tokens of the step."""
+def value_metrics(
+    values_BL: Tensor, returns_BL: Tensor, mask_BL: Tensor, device: torch.device | None = None
+) -> dict[str, float]:
+    """verl's data metrics of a critic run, over the valid response tokens of the step — of the whole batch on
+    several ranks: means and the explained variance come from sums over ranks (a mean of per-rank variance ratios
+    is not the batch's), max/min are reduced by the caller's `merge_metrics`. Every rank must call it."""
     valid = mask_BL.bool().cpu()
-    if not valid.any():
+    values_N, returns_N = values_BL.cpu()[valid].double(), returns_BL.cpu()[valid].double()
+    residual_N = returns_N - values_N
+    sums = torch.stack(
+        [
+            torch.tensor(float(len(values_N)), dtype=torch.float64),
+            values_N.sum(),
+            returns_N.sum(),
+            (returns_N * returns_N).sum(),
+            residual_N.sum(),
+            (residual_N * residual_N).sum(),
+        ]
+    )
+    n, sum_v, sum_r, sum_rr, sum_d, sum_dd = sum_over_ranks(sums, device or values_BL.device).tolist()
+    if n == 0:
         return {}
-    values_N, returns_N = values_BL.cpu()[valid], returns_BL.cpu()[valid]
-    metrics = {"critic/vf_explained_var": explained_variance(values_N, returns_N).item()}
-    for name, x_N in (("values", values_N), ("returns", returns_N)):
-        metrics.update({f"critic/{name}/{stat}": getattr(x_N, stat)().item() for stat in ("mean", "max", "min")})
+
+    def variance(total: float, squares: float) -> float:  # unbiased, as torch.var
+        return (squares - total * total / n) / (n - 1) if n > 1 else float("nan")
+
+    metrics = {
+        "critic/vf_explained_var": 1.0 - variance(sum_d, sum_dd) / (variance(sum_r, sum_rr) + 1e-5),
+        "critic/values/mean": sum_v / n,
+        "critic/returns/mean": sum_r / n,
+    }
+    if len(values_N):  # a rank without valid tokens leaves max/min to the others
+        for name, x_N in (("values", values_N), ("returns", returns_N)):
+            metrics.update({f"critic/{name}/{stat}": getattr(x_N, stat)().item() for stat in ("max", "min")})
     return metrics

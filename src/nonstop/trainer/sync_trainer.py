@@ -261,7 +261,7 @@ class SyncTrainer:
             )
         metrics = data_metrics(batch, scores_B, advantages_BL, mask_BL)
         if self.critic is not None:
-            metrics.update(value_metrics(values["values"], returns_BL, mask_BL))
+            metrics.update(value_metrics(values["values"], returns_BL, mask_BL, self.device))
             with rec("update_critic") as span:
                 metrics.update(self.critic.update(batch, values["values"], returns_BL))
                 span.tokens = tokens * cfg.critic.ppo_epochs
