@@ -124,6 +124,11 @@ def check_data_parallel(config: NonstopConfig, info: DistInfo) -> None:
         raise ValueError("algorithm.filter_groups runs on one rank only so far")
     if config.actor_rollout_ref.model.lora_rank > 0:
         raise ValueError("LoRA (actor_rollout_ref.model.lora_rank > 0) runs on one rank only so far")
+    check_prompt_counts(config, info.world_size, "ranks")
+
+
+def check_prompt_counts(config: NonstopConfig, ranks: int, what: str) -> None:
+    """The batch sizes in prompts split evenly over `ranks` training ranks (whole prompts each)."""
     counts = [
         ("data.train_batch_size", config.data.train_batch_size),
         ("actor_rollout_ref.actor.ppo_mini_batch_size", config.actor_rollout_ref.actor.ppo_mini_batch_size),
@@ -131,8 +136,8 @@ def check_data_parallel(config: NonstopConfig, info: DistInfo) -> None:
     if config.critic.enable:
         counts.append(("critic.ppo_mini_batch_size", config.critic.ppo_mini_batch_size))
     for key, value in counts:
-        if value % info.world_size:
-            raise ValueError(f"{key}={value} must be a multiple of the {info.world_size} ranks (whole prompts each)")
+        if value % ranks:
+            raise ValueError(f"{key}={value} must be a multiple of the {ranks} {what} (whole prompts each)")
 
 
 def check_split(config: NonstopConfig, world_size: int) -> None:
@@ -162,15 +167,7 @@ def check_split(config: NonstopConfig, world_size: int) -> None:
         )
     # Checked here, on every rank before the groups exist, rather than on the trainer ranks only: a rollout rank
     # would otherwise wait for a first block that never comes.
-    trainer_ranks = world_size - rollout_ranks
-    for key, value in (
-        ("data.train_batch_size", config.data.train_batch_size),
-        ("actor_rollout_ref.actor.ppo_mini_batch_size", config.actor_rollout_ref.actor.ppo_mini_batch_size),
-    ):
-        if value % trainer_ranks:
-            raise ValueError(
-                f"{key}={value} must be a multiple of the {trainer_ranks} trainer ranks (whole prompts each)"
-            )
+    check_prompt_counts(config, world_size - rollout_ranks, "trainer ranks")
 
 
 def check_no_validation(config: NonstopConfig, val_loader) -> None:
