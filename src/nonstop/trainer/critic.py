@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from nonstop.algos import compute_value_loss
+from nonstop.algos import compute_value_loss, explained_variance_from_sums, explained_variance_sums
 from nonstop.config.critic import CriticConfig
 from nonstop.dist.collectives import all_reduce_sum_, sum_over_ranks
 from nonstop.dist.fsdp import full_value
@@ -192,26 +192,13 @@ def value_metrics(
     is not the batch's), max/min are reduced by the caller's `merge_metrics`. Every rank must call it."""
     valid = mask_BL.bool().cpu()
     values_N, returns_N = values_BL.cpu()[valid].double(), returns_BL.cpu()[valid].double()
-    residual_N = returns_N - values_N
-    sums = torch.stack(
-        [
-            torch.tensor(float(len(values_N)), dtype=torch.float64),
-            values_N.sum(),
-            returns_N.sum(),
-            (returns_N * returns_N).sum(),
-            residual_N.sum(),
-            (residual_N * residual_N).sum(),
-        ]
-    )
-    n, sum_v, sum_r, sum_rr, sum_d, sum_dd = sum_over_ranks(sums, device or values_BL.device).tolist()
+    sums = torch.cat([explained_variance_sums(values_N, returns_N), values_N.sum().view(1)])
+    sums = sum_over_ranks(sums, device or values_BL.device)
+    n, sum_r, sum_v = sums[0].item(), sums[1].item(), sums[5].item()
     if n == 0:
         return {}
-
-    def variance(total: float, squares: float) -> float:  # unbiased, as torch.var
-        return (squares - total * total / n) / (n - 1) if n > 1 else float("nan")
-
     metrics = {
-        "critic/vf_explained_var": 1.0 - variance(sum_d, sum_dd) / (variance(sum_r, sum_rr) + 1e-5),
+        "critic/vf_explained_var": explained_variance_from_sums(sums[:5]),
         "critic/values/mean": sum_v / n,
         "critic/returns/mean": sum_r / n,
     }
