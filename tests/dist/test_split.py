@@ -1,11 +1,12 @@
 """Split placement on two gloo ranks (rank 0 trains, rank 1 generates), on the "emit token 7" task of
 trainer_helpers: the broadcast weights land exactly in the rollout engine, `sync` reproduces a one-rank colocated
-run, the overlap modes train every sample once within their staleness bound, a failing rollout rank ends the run
-with its error."""
+run, the overlap modes train every sample once within their staleness bound, a rollout rank failing in its block,
+its start-up or its weight sync ends the run with its error."""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import threading
 import time
@@ -34,6 +35,7 @@ from nonstop.dist.weight_sync import bucket_plan  # noqa: E402
 from nonstop.rewards import RewardPool  # noqa: E402
 from nonstop.rollout import LLM  # noqa: E402
 from nonstop.trainer.build import check_data_parallel, reference_model  # noqa: E402
+from nonstop.trainer.build import check_split as check_split_config  # noqa: E402
 from nonstop.trainer.split_rollout import RolloutWorker  # noqa: E402
 from nonstop.trainer.split_trainer import SplitTrainer  # noqa: E402
 
@@ -45,7 +47,7 @@ def make_split_rank(run_dir: str, overrides: tuple[str, ...], seed: int = 0):
     """This rank's side (a `SplitTrainer` or a `RolloutWorker`) of a split run, as build_trainer makes them. The
     rollout engine starts from other weights than the trainer's: only the sync makes them equal."""
     config = tiny_run_config(run_dir, ("trainer.placement=split", *overrides))
-    placement = split_placement(config.trainer.rollout_n_gpus)
+    placement = split_placement(config.trainer.rollout_n_gpus, config.actor_rollout_ref.nccl_timeout)
     torch.manual_seed(seed)
     loader = FixedPrompts(config.data.gen_batch_size, seed)
     if placement.is_rollout:
@@ -215,6 +217,52 @@ def test_a_failing_rollout_rank_ends_the_run_with_its_error(tmp_path):
         assert forwarded in text or "Connection closed by peer" in text, text
 
 
+def failing_sync_worker(rank: int, run_dir: str, where: str) -> None:
+    """Rank 1 (rollout) fails at its start-up shape check (`start`) or while loading the second broadcast (`load`).
+    It then waits (at most 30 s) for rank 0 to record its error, so the launcher stopping rank 0 cannot hide it: rank 0
+    must fail by itself, at once, not after the collective timeout (the test's 60 s)."""
+    # A 40 s collective timeout: without the hand-shake the run would fail late, with a timeout, not with the error.
+    overrides = ("trainer.total_training_steps=3", "trainer.mode=async", "actor_rollout_ref.nccl_timeout=40")
+    side = make_split_rank(run_dir, overrides)
+    if rank == 1 and where == "start":
+        side.llm.model.lm_head.weight.data = torch.zeros(1, 1)
+    if rank == 1 and where == "load":
+        real_update, calls = side.llm.update_weights, []
+
+        def load_then_fail(named_tensors):
+            calls.append(1)
+            if len(calls) == 2:
+                next(iter(named_tensors))  # a bucket in: the broadcast has begun
+                raise RuntimeError("injected update_weights failure")
+            return real_update(named_tensors)
+
+        side.llm.update_weights = load_then_fail
+    try:
+        side.fit()
+    except Exception as error:
+        (Path(run_dir) / f"error_{rank}.txt").write_text(str(error))
+        deadline = time.monotonic() + 30
+        while rank == 1 and not (Path(run_dir) / "error_0.txt").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        raise
+    finally:
+        side.close()
+
+
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [("start", "the trainer's parameters (.*) do not match"), ("load", "injected update_weights failure")],
+)
+def test_a_rollout_rank_failing_at_its_weight_sync_ends_the_run_with_its_error(tmp_path, where, message):
+    start = time.monotonic()
+    with pytest.raises(Exception, match=message):
+        spawn(failing_sync_worker, 2, str(tmp_path), where)
+    assert time.monotonic() - start < 60
+    assert re.search(message, (tmp_path / "error_1.txt").read_text())
+    text = (tmp_path / "error_0.txt").read_text()
+    assert re.search(f"rollout rank 1 failed: .*{message}", text), text
+
+
 def test_split_config_errors():
     with pytest.raises(ValueError, match="rollout_n_gpus=0: must be >= 1"):
         load_config(None, ("trainer.rollout_n_gpus=0",))
@@ -229,6 +277,14 @@ def test_split_config_errors():
     colocated_async = load_config(None, ("trainer.mode=async",))
     with pytest.raises(ValueError, match="or on several with trainer.placement=split"):
         check_data_parallel(colocated_async, DistInfo(0, 2))
+    # Checked on every rank before the groups exist: 8 prompts do not split over 3 trainer ranks (4 ranks, 1 rollout).
+    split = ("trainer.placement=split", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2",
+             "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8")  # fmt: skip
+    check_split_config(load_config(None, split), 3)  # 2 trainer ranks: fine
+    with pytest.raises(ValueError, match="data.train_batch_size=8 must be a multiple of the 3 trainer ranks"):
+        check_split_config(load_config(None, split), 4)
+    with pytest.raises(ValueError, match="trainer.val_only is not supported with trainer.placement=split"):
+        check_split_config(load_config(None, (*split, "trainer.val_only=True")), 2)
 
 
 def test_bucket_plan_packs_parameters_in_order_up_to_the_bucket_size():

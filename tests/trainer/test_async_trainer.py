@@ -3,7 +3,10 @@ in their step, within the staleness bound; async with max_staleness=0 is the syn
 
 from __future__ import annotations
 
+import threading
+
 import pytest
+import torch
 
 STEPS = 3
 COMPARED = ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy")
@@ -59,6 +62,30 @@ def test_every_sample_trained_once_within_the_bound(trainer_factory, overrides):
     for m in history:
         assert 0.0 <= m["trainer/idle_ratio"] <= 1.0 and 0.0 <= m["rollouter/idle_ratio"] <= 1.0
         assert m["async/num_continued"] == m["async/num_paused"] or "partial_rollout=True" not in overrides
+
+
+@pytest.mark.parametrize(
+    "mode", [("trainer.mode=one_step_off",), ("trainer.mode=async", "async_training.max_staleness=1")]
+)
+def test_critic_warmup_steps_publish_a_version_so_generation_goes_on(trainer_factory, mode):
+    """PPO warm-up steps update only the critic; the overlap modes still publish (unchanged weights, version + 1),
+    else the rollout ahead of the trainer waits forever for the version that admits the next block."""
+    overrides = ("algorithm.adv_estimator=gae", "trainer.critic_warmup=2", "trainer.total_training_steps=4", *mode)
+    trainer = trainer_factory(overrides)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    done: list = []
+    # The failure this guards against was a hang (take_block waiting for a version): fit on a daemon thread.
+    runner = threading.Thread(target=lambda: done.append(trainer.fit()), daemon=True)
+    runner.start()
+    runner.join(timeout=300)
+    assert done, "fit did not finish within 300 s: the rollout is waiting for a policy version"
+    history = done[0]
+    assert [m["training/global_step"] for m in history] == [1.0, 2.0, 3.0, 4.0]
+    assert all("actor/pg_loss" not in m for m in history[:2]) and all("actor/pg_loss" in m for m in history[2:])
+    bound = 1
+    assert all(m["async/staleness/max"] <= bound for m in history)
+    after = list(trainer.model.parameters())
+    assert not all(torch.equal(a, b) for a, b in zip(before, after, strict=True))  # the actor trained from step 3
 
 
 def test_importance_weights_are_one_when_behaviour_is_the_current_policy(trainer_factory):

@@ -11,6 +11,7 @@ from nonstop.config import load_config
 from nonstop.data import PromptRow, TokenizedPrompt
 from nonstop.dist.fsdp import shard_model
 from nonstop.models import CausalLM, ModelConfig
+from nonstop.models.critic_model import CriticModel
 from nonstop.rewards import RewardPool
 from nonstop.rewards.reward_model import RewardModel
 from nonstop.rollout import LLM
@@ -117,7 +118,8 @@ def make_trainer(
     `trainer.mode=one_step_off|async`) instead of sharing the trainer's.
     `device="cuda"`: the production CUDA path (`build_engine`: a bf16 engine copy; bf16 autocast updates).
     `reward_fn`: the scorer, `(data_source, solution_str, ground_truth, extra_info) -> float`.
-    `shard`: FSDP2 over the initialised process group, after the engine took its copy (as `build_trainer` does)."""
+    `shard`: FSDP2 over the initialised process group, after the engine took its copy (as `build_trainer` does), for
+    the critic too when the config has one."""
     config = tiny_run_config(run_dir, overrides)
     torch.manual_seed(seed)
     model = tiny_model(seed).to(device)
@@ -135,7 +137,11 @@ def make_trainer(
             seed=seed,
         )
     add_lora_adapters(config, model)  # after the engine copy, as build_trainer does
+    critic_model = None
     if shard:
+        if config.critic.enable:  # copied from the policy before either is sharded, as build_trainer does
+            critic_model = CriticModel.from_policy(model)
+            shard_model(critic_model, config.critic.model.fsdp_config, torch.device(device), torch.float32)
         shard_model(model, config.actor_rollout_ref.actor.fsdp_config, torch.device(device), torch.float32)
     return TRAINERS[config.trainer.mode](
         config,
@@ -151,4 +157,5 @@ def make_trainer(
         reward_model=RewardModel.from_config(config.reward_model, model_device(model))
         if config.reward_model.enable
         else None,
+        critic_model=critic_model,
     )

@@ -29,7 +29,7 @@ from .kl_reward import AdaptiveKLController, FixedKLController, apply_kl_penalty
 from .masked import masked_mean, masked_sum, masked_var, masked_whiten
 from .policy_loss import POLICY_LOSS_REGISTRY, get_policy_loss_fn, register_policy_loss
 from .rollout_correction import compute_rollout_is_weights
-from .value_loss import compute_value_loss, explained_variance
+from .value_loss import compute_value_loss, explained_variance, explained_variance_from_sums, explained_variance_sums
 
 __all__ = [
     "ADV_ESTIMATOR_REGISTRY",
@@ -43,6 +43,8 @@ __all__ = [
     "compute_value_loss",
     "entropy_from_logits",
     "explained_variance",
+    "explained_variance_from_sums",
+    "explained_variance_sums",
     "get_adv_estimator",
     "get_kl_controller",
     "get_policy_loss_fn",

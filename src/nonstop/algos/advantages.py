@@ -5,7 +5,9 @@ Each estimator takes keyword inputs named as in verl (`token_level_rewards`, `re
 `(advantages_BL, returns_BL)`. Everything runs under `no_grad`: advantages are constants of the loss.
 
 `compute_advantage(name, **inputs)` passes each estimator only the inputs it declares, so the trainer
-can hand every estimator the same bag of tensors.
+can hand every estimator the same bag of tensors. Estimators that whiten over the batch take `whiten`
+(default `masked_whiten`): on several ranks the trainer passes one whose statistics span every rank's
+share, so the advantages are the global batch's (verl whitens on its driver, over the whole batch).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ AdvantageEstimatorFn = Callable[..., tuple[Tensor, Tensor]]
 ADV_ESTIMATOR_REGISTRY: dict[str, AdvantageEstimatorFn] = {}
 
 GroupIndex = Sequence | np.ndarray | Tensor
+Whiten = Callable[[Tensor, Tensor], Tensor]  # (values, mask) -> whitened over the batch's valid elements
 
 
 def register_adv_est(name: str) -> Callable[[AdvantageEstimatorFn], AdvantageEstimatorFn]:
@@ -115,7 +118,7 @@ def compute_rloo_outcome_advantage(
 @register_adv_est("reinforce_plus_plus_baseline")
 @torch.no_grad()
 def compute_reinforce_plus_plus_baseline_outcome_advantage(
-    token_level_rewards: Tensor, response_mask: Tensor, index: GroupIndex
+    token_level_rewards: Tensor, response_mask: Tensor, index: GroupIndex, whiten: Whiten = masked_whiten
 ) -> tuple[Tensor, Tensor]:
     """score − group mean (0 for a group of one), broadcast to every valid token, then whitened over
     all valid tokens of the batch."""
@@ -123,14 +126,14 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     count_B, _, mean_B, _ = _group_stats(scores_B, index)
     adv_B = scores_B - torch.where(count_B == 1, 0.0, mean_B)
     advantages = adv_B.unsqueeze(-1) * response_mask
-    advantages = masked_whiten(advantages, response_mask) * response_mask
+    advantages = whiten(advantages, response_mask) * response_mask
     return advantages, advantages
 
 
 @register_adv_est("reinforce_plus_plus")
 @torch.no_grad()
 def compute_reinforce_plus_plus_outcome_advantage(
-    token_level_rewards: Tensor, response_mask: Tensor, gamma: float = 1.0
+    token_level_rewards: Tensor, response_mask: Tensor, gamma: float = 1.0, whiten: Whiten = masked_whiten
 ) -> tuple[Tensor, Tensor]:
     """Discounted return-to-go, whitened over all valid tokens of the batch. The running return is
     reset at every masked-out token, so a return never crosses padding (or a masked span)."""
@@ -141,7 +144,7 @@ def compute_reinforce_plus_plus_outcome_advantage(
         running_B = token_level_rewards[:, t] + gamma * running_B
         returns[:, t] = running_B
         running_B = running_B * mask[:, t]
-    advantages = masked_whiten(returns, mask) * mask
+    advantages = whiten(returns, mask) * mask
     return advantages, returns
 
 
@@ -160,7 +163,12 @@ def compute_remax_outcome_advantage(
 @register_adv_est("gae")
 @torch.no_grad()
 def compute_gae_advantage_return(
-    token_level_rewards: Tensor, values: Tensor, response_mask: Tensor, gamma: float = 1.0, lam: float = 1.0
+    token_level_rewards: Tensor,
+    values: Tensor,
+    response_mask: Tensor,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    whiten: Whiten = masked_whiten,
 ) -> tuple[Tensor, Tensor]:
     """Generalized advantage estimation. Masked-out tokens are skipped: they carry the next valid
     token's value and GAE through unchanged. Returns = raw advantages + values; the advantages
@@ -177,7 +185,7 @@ def compute_gae_advantage_return(
         advantages_reversed.append(last_gae_B)
     advantages = torch.stack(advantages_reversed[::-1], dim=1)
     returns = advantages + values
-    return masked_whiten(advantages, mask), returns
+    return whiten(advantages, mask), returns
 
 
 @register_adv_est("opo")

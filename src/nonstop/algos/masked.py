@@ -3,15 +3,20 @@
 verl's `masked_mean` / `masked_var` / `masked_whiten` semantics, including their epsilons (1e-8 in the
 mean's denominator and under the square root), because advantages must match verl's to the last digit
 for a verl user's run to reproduce.
+
+`reduce_sum` (whole-batch statistics only): sums a stacked `[sum, count]` over the ranks of a data-parallel run
+(`dist.collectives.sum_over_ranks`), so the mean, variance and whitening are the global batch's, as on one rank.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
+
+ReduceSum = Callable[[Tensor], Tensor]  # a stacked [sum, count] summed over ranks
 
 
 def masked_sum(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
@@ -20,27 +25,31 @@ def masked_sum(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return valid.sum() if dim is None else valid.sum(dim=dim)
 
 
-def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None, reduce_sum: ReduceSum | None = None) -> Tensor:
     count = mask.sum() if dim is None else mask.sum(dim=dim)
-    return masked_sum(values, mask, dim) / (count + 1e-8)
+    total = masked_sum(values, mask, dim)
+    if reduce_sum is not None:
+        assert dim is None, "reduce_sum is for whole-batch statistics"
+        total, count = reduce_sum(torch.stack([total, count.to(total.dtype)]))
+    return total / (count + 1e-8)
 
 
-def masked_var(values: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
+def masked_var(values: Tensor, mask: Tensor, unbiased: bool = True, reduce_sum: ReduceSum | None = None) -> Tensor:
     """Variance over all valid elements; Bessel-corrected when `unbiased` (needs >= 2 of them)."""
-    centered = values - masked_mean(values, mask)
-    variance = masked_mean(centered**2, mask)
+    centered = values - masked_mean(values, mask, reduce_sum=reduce_sum)
+    variance = masked_mean(centered**2, mask, reduce_sum=reduce_sum)
     if unbiased:
-        count = mask.sum()
+        count = mask.sum() if reduce_sum is None else reduce_sum(mask.sum().reshape(1))[0]
         if count < 2:
             raise ValueError(f"unbiased masked variance needs at least 2 valid elements, got {int(count)}")
         variance = variance * count / (count - 1)
     return variance
 
 
-def masked_whiten(values: Tensor, mask: Tensor, shift_mean: bool = True) -> Tensor:
+def masked_whiten(values: Tensor, mask: Tensor, shift_mean: bool = True, reduce_sum: ReduceSum | None = None) -> Tensor:
     """(values − mean) / sqrt(var + 1e-8) with mean and unbiased var over the valid elements only."""
-    mean = masked_mean(values, mask)
-    whitened = (values - mean) * torch.rsqrt(masked_var(values, mask) + 1e-8)
+    mean = masked_mean(values, mask, reduce_sum=reduce_sum)
+    whitened = (values - mean) * torch.rsqrt(masked_var(values, mask, reduce_sum=reduce_sum) + 1e-8)
     return whitened if shift_mean else whitened + mean
 
 

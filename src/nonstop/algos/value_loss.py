@@ -38,6 +38,25 @@ def compute_value_loss(
     return vf_loss, vf_clipfrac.detach()
 
 
+def explained_variance_sums(values_N: Tensor, returns_N: Tensor) -> Tensor:
+    """`[n, ΣR, ΣR², Σ(R−V), Σ(R−V)²]` in fp64 over flat `[N]` tensors: summed over ranks, they give the whole
+    batch's explained variance (`explained_variance_from_sums`)."""
+    values_N, returns_N = values_N.double(), returns_N.double()
+    residual_N = returns_N - values_N
+    n = torch.tensor(float(len(values_N)), dtype=torch.float64, device=values_N.device)
+    return torch.stack([n, returns_N.sum(), (returns_N**2).sum(), residual_N.sum(), (residual_N**2).sum()])
+
+
+def explained_variance_from_sums(sums: Tensor) -> float:
+    """1 − Var(R − V) / (Var(R) + 1e-5) with unbiased variances (as `torch.var`), from `explained_variance_sums`."""
+    n, sum_r, sum_rr, sum_d, sum_dd = sums.tolist()
+
+    def variance(total: float, squares: float) -> float:
+        return (squares - total * total / n) / (n - 1) if n > 1 else float("nan")
+
+    return 1.0 - variance(sum_d, sum_dd) / (variance(sum_r, sum_rr) + 1e-5)
+
+
 def explained_variance(values_N: Tensor, returns_N: Tensor) -> Tensor:
     """Over flat `[N]` tensors of the valid tokens' values and returns."""
-    return 1.0 - torch.var(returns_N - values_N) / (torch.var(returns_N) + 1e-5)
+    return torch.tensor(explained_variance_from_sums(explained_variance_sums(values_N, returns_N)))

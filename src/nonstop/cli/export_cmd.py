@@ -1,6 +1,7 @@
 """`nonstop export CKPT --out DIR`: a trainer checkpoint as a Hugging Face model directory (transformers, vLLM and
 nonstop load it), or, for a LoRA run, as a PEFT adapter directory (`peft.PeftModel.from_pretrained` loads it on the
-base model); `--merge` folds the adapter into the base and writes a full model instead."""
+base model); `--merge` folds the adapter into the base and writes a full model instead. A checkpoint of several
+ranks (`dcp/` shards) is gathered into full weights in this one process."""
 
 from __future__ import annotations
 
@@ -100,6 +101,7 @@ def export_model(actor_dir: Path, out: Path, dtype, tokenizer, base: str | None)
     """A full HF directory: the checkpoint's weights, or its adapter merged into the base model."""
     import torch
 
+    from nonstop.dist.checkpoint import SHARDED_DIR
     from nonstop.models.gguf_loader import load_gguf_model
     from nonstop.models.hf_loader import load_hf_model
     from nonstop.models.loading import default_model_path
@@ -107,6 +109,8 @@ def export_model(actor_dir: Path, out: Path, dtype, tokenizer, base: str | None)
     from nonstop.models.peft_format import ADAPTER_CONFIG_FILE, is_adapter_dir, load_adapter
     from nonstop.models.save import save_hf
 
+    if (actor_dir.parent / SHARDED_DIR).is_dir():
+        return save_hf(load_sharded_policy(actor_dir, dtype), out, tokenizer=tokenizer)
     if not is_adapter_dir(actor_dir):
         return save_hf(load_hf_model(actor_dir, dtype=dtype), out, tokenizer=tokenizer)
     base = base or json.loads((actor_dir / ADAPTER_CONFIG_FILE).read_text()).get("base_model_name_or_path")
@@ -115,3 +119,15 @@ def export_model(actor_dir: Path, out: Path, dtype, tokenizer, base: str | None)
     model = load_gguf_model(path, torch.float32) if path.suffix == ".gguf" else load_hf_model(path, torch.float32)
     merge_lora(load_adapter(model, actor_dir))
     return save_hf(model, out, tokenizer=tokenizer, dtype=dtype)
+
+
+def load_sharded_policy(actor_dir: Path, dtype):
+    """The policy of a checkpoint saved on several ranks: the full weights gathered from the step's `dcp/` shards into
+    the model `actor/config.json` describes, in `dtype`."""
+    from nonstop.dist.checkpoint import SHARDED_DIR, load_full_weights
+    from nonstop.models.hf_loader import check_checkpoint, empty_model, model_from_tensors, read_hf_config
+
+    weights = load_full_weights(actor_dir.parent / SHARDED_DIR, dtype)
+    model = empty_model(read_hf_config(actor_dir))
+    check_checkpoint(model, {name: tuple(t.shape) for name, t in weights.items()}, str(actor_dir.parent))
+    return model_from_tensors(model, weights.items(), dtype, "cpu")

@@ -18,6 +18,14 @@ def all_reduce_sum_(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def sum_over_ranks(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The sum over ranks of `tensor` wherever it lives (a copy, reduced on `device`: NCCL reduces CUDA tensors only);
+    `tensor` itself for a single rank."""
+    if not current().distributed:
+        return tensor
+    return all_reduce_sum_(tensor.to(device, copy=True)).to(tensor.device)
+
+
 def all_reduce_max(value: int, device: torch.device) -> int:
     info = current()
     if not info.distributed:

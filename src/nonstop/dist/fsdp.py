@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from nonstop.config.optim import FSDPConfig
 from nonstop.dist.process_group import current
@@ -60,3 +60,15 @@ def full_named_parameters(model: torch.nn.Module):
 def full_value(tensor: torch.Tensor) -> torch.Tensor:
     """A replicated or sharded DTensor (a gradient norm, a parameter) as a plain tensor; plain tensors unchanged."""
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def shard_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """`full`, a whole tensor that every rank holds, cut as the DTensor `like` is cut (its mesh, placements and local
+    device); `full` itself when `like` is a plain tensor. Nothing is communicated (`src_data_rank=None`): each rank
+    slices its own copy, with `torch.chunk`'s shards, which are FSDP2's."""
+    if not isinstance(like, DTensor):
+        return full
+    local = distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=None).to_local()
+    return DTensor.from_local(
+        local.to(like.device), like.device_mesh, like.placements, shape=like.shape, stride=like.stride()
+    )

@@ -13,3 +13,14 @@ def optimizer_state_to(optimizer: torch.optim.Optimizer, device: torch.device) -
         for key, value in state.items():
             if torch.is_tensor(value) and key != "step":
                 state[key] = value.to(device, non_blocking=True)
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, device: torch.device, offload: bool) -> None:
+    """`optimizer.step()`; with `offload` (`fsdp_config.optimizer_offload`, CUDA only) the state is brought to
+    `device` for the step and sent back to CPU memory after it."""
+    offload = offload and device.type == "cuda"
+    if offload:
+        optimizer_state_to(optimizer, device)
+    optimizer.step()
+    if offload:
+        optimizer_state_to(optimizer, torch.device("cpu"))

@@ -13,6 +13,8 @@ is a trainer rank: it writes the run directory, as under colocated placement. Th
 
 from __future__ import annotations
 
+import datetime
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,16 +54,18 @@ def check_split(world_size: int, rollout_n_gpus: int) -> None:
         )
 
 
-def split_placement(rollout_n_gpus: int) -> SplitPlacement:
+def split_placement(rollout_n_gpus: int, timeout_s: float) -> SplitPlacement:
     """Create the groups (a collective: every rank calls it, in the same order) and make a trainer rank train with
-    the trainer ranks only."""
+    the trainer ranks only. Every group gets the run's collective timeout (`nccl_timeout`): `new_group` would
+    otherwise take the backend's default (30 min on gloo, 10 on NCCL), so a hang would outlast the configured bound."""
     world, rank = dist.get_world_size(), dist.get_rank()
     check_split(world, rollout_n_gpus)
     trainers = tuple(range(world - rollout_n_gpus))
     rollouts = tuple(range(world - rollout_n_gpus, world))
-    train_group = dist.new_group(list(trainers))
-    weight_group = dist.new_group([trainers[0], *rollouts])
-    control_group = dist.new_group(backend="gloo")
+    timeout = datetime.timedelta(seconds=timeout_s)
+    train_group = dist.new_group(list(trainers), timeout=timeout)
+    weight_group = dist.new_group([trainers[0], *rollouts], timeout=timeout)
+    control_group = dist.new_group(backend="gloo", timeout=timeout)
     if rank in trainers:
         use_train_group(train_group)
     return SplitPlacement(rank, trainers, rollouts, train_group, weight_group, control_group)

@@ -14,6 +14,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
+from nonstop.models.config import ModelConfig
 from nonstop.models.hf_loader import SAFETENSORS_FILE, SAFETENSORS_INDEX_FILE
 from nonstop.models.transformer import CausalLM
 
@@ -46,6 +47,20 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def save_hf_config(config: ModelConfig, out_dir: str | Path, dtype: torch.dtype) -> None:
+    """`config.json` (weights in `dtype`) and `generation_config.json` into `out_dir` (created if needed): the model
+    directory without its weights."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    hf_config = config.to_hf()
+    hf_config["dtype"] = _dtype_name(dtype)
+    (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+    generation = {"bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id}
+    generation = {k: v for k, v in generation.items() if v is not None}
+    if generation:
+        (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+
+
 def save_hf(
     model: CausalLM,
     out_dir: str | Path,
@@ -56,16 +71,8 @@ def save_hf(
     """Write the checkpoint to `out_dir` (created if needed). `dtype` casts the saved weights (default: as they are);
     `max_shard_size` is in bytes. Returns `out_dir`."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     state_dict = checkpoint_state_dict(model, dtype)
-    config = model.config
-    hf_config = config.to_hf()
-    hf_config["dtype"] = _dtype_name(next(iter(state_dict.values())).dtype)
-    (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
-    generation = {"bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id}
-    generation = {k: v for k, v in generation.items() if v is not None}
-    if generation:
-        (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    save_hf_config(model.config, out_dir, next(iter(state_dict.values())).dtype)
 
     # Weights from an earlier save into the same directory would be picked up next to (or instead of) the new ones.
     for stale in [*out_dir.glob("model*.safetensors"), out_dir / SAFETENSORS_INDEX_FILE]:

@@ -33,11 +33,19 @@ from nonstop.config.actor import ActorConfig
 from nonstop.config.algorithm import RolloutCorrectionConfig
 from nonstop.dist.collectives import all_reduce_sum_
 from nonstop.dist.fsdp import full_value
-from nonstop.dist.offload import optimizer_state_to
+from nonstop.dist.offload import optimizer_step
 from nonstop.dist.process_group import current
 from nonstop.kernels.dispatch import fused_kernels
 from nonstop.train import group_by_prompt, grouped_tokens, pack_sequences, response_logprobs
-from nonstop.trainer.batching import autocast, micro_batches, mini_batches, pack_rows, prefix_grouped, unpack_rows
+from nonstop.trainer.batching import (
+    autocast,
+    micro_batches,
+    mini_batches,
+    pack_rows,
+    prefix_grouped,
+    rank_mini_batch_size,
+    unpack_rows,
+)
 from nonstop.trainer.lr_schedule import build_optimizer
 from nonstop.trainer.off_policy import behaviour_gap, rollout_is_weights
 from nonstop.trainer.rollout_batch import RolloutBatch
@@ -75,7 +83,7 @@ class Actor:
     def mini_batches(self, batch: RolloutBatch) -> list[list[int]]:
         """Contiguous runs of `ppo_mini_batch_size` prompts' samples (the last may be shorter); on several ranks each
         holds its `1 / world_size` of every mini-batch (verl's normalisation of `ppo_mini_batch_size`)."""
-        return mini_batches(batch, max(1, self.config.ppo_mini_batch_size // current().world_size) * self.rollout_n)
+        return mini_batches(batch, rank_mini_batch_size(self.config.ppo_mini_batch_size, self.rollout_n))
 
     def needs_old_log_prob(self, batch: RolloutBatch) -> bool:
         return len(self.mini_batches(batch)) > 1 or self.config.ppo_epochs > 1
@@ -153,15 +161,6 @@ class Actor:
         packed = pack_sequences(pairs, self.device)
         with fused_kernels(False), self._autocast():
             return response_logprobs(self.model, packed, temperature, self.chunk_size, compute_entropy=False)[0]
-
-    def _optimizer_step(self) -> None:
-        """`optimizer.step()`; with `fsdp_config.optimizer_offload` the state lives in CPU memory between steps."""
-        offload = self.config.fsdp_config.optimizer_offload and self.device.type == "cuda"
-        if offload:
-            optimizer_state_to(self.optimizer, self.device)
-        self.optimizer.step()
-        if offload:
-            optimizer_state_to(self.optimizer, torch.device("cpu"))
 
     # -- update -----------------------------------------------------------------------------------------------------
 
@@ -274,7 +273,7 @@ class Actor:
         grad_norm = full_value(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
         finite = bool(torch.isfinite(grad_norm) & torch.isfinite(totals["loss"]))  # one host sync per mini-batch
         if finite:
-            self._optimizer_step()
+            optimizer_step(self.optimizer, self.device, cfg.fsdp_config.optimizer_offload)
         else:
             self.skipped_steps += 1
         self.optimizer.zero_grad(set_to_none=True)

@@ -33,6 +33,8 @@ from nonstop.trainer.sync_trainer import PROBE_PROMPTS, SyncTrainer, loader_stat
 
 
 class AsyncTrainer(SyncTrainer):
+    publishes_every_step = True
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if self.shares_weights:

@@ -1,6 +1,7 @@
-"""How the actor and the critic cut a step's batch, one implementation for both: contiguous mini-batches,
-micro-batches by count or token budget, the prefix-grouping decision (`use_prefix_grouper`), and the packing of a
-micro-batch's rows (plain or prefix-grouped) with the way back from packed per-token results to `[b, L]` rows.
+"""How the actor and the critic cut a step's batch, one implementation for both: contiguous mini-batches (each rank's
+share of the global `ppo_mini_batch_size`), micro-batches by count or token budget, the prefix-grouping decision
+(`use_prefix_grouper`), and the packing of a micro-batch's rows (plain or prefix-grouped) with the way back from
+packed per-token results to `[b, L]` rows.
 
 Prefix-grouped micro-batches by token budget hold whole prompt groups, each costing its prompt once plus its
 responses (train/prefix_grouping.py). Across ranks every rank gets the largest rank's micro-batch count, so their
@@ -18,6 +19,7 @@ from torch import Tensor
 
 from nonstop.config.actor import PREFIX_GROUPER_AUTO_MIN_SAVED
 from nonstop.dist.collectives import all_reduce_max
+from nonstop.dist.process_group import current
 from nonstop.train import (
     PackedBatch,
     PrefixGroupedBatch,
@@ -38,6 +40,12 @@ def mini_batches(batch: RolloutBatch, size: int) -> list[list[int]]:
     return [list(range(s, min(s + size, len(batch)))) for s in range(0, len(batch), size)]
 
 
+def rank_mini_batch_size(ppo_mini_batch_size: int, rollout_n: int) -> int:
+    """Samples of this rank's share of a mini-batch: `ppo_mini_batch_size` prompts are global, each of the ranks holds
+    `1 / world_size` of them (verl's normalisation by the data-parallel size)."""
+    return max(1, ppo_mini_batch_size // current().world_size) * rollout_n
+
+
 def prefix_grouped(use_prefix_grouper: bool | str, batch: RolloutBatch, rows: list[int]) -> bool:
     """Whether `rows` run prefix-grouped: `use_prefix_grouper` true, or `auto` and grouping skips at least
     `PREFIX_GROUPER_AUTO_MIN_SAVED` of their tokens."""
@@ -56,6 +64,7 @@ def micro_batches(
     max_token_len: int,
     micro_batch_size: int | None,
     grouped: bool = False,
+    key: str = "ppo_max_token_len_per_gpu",
 ) -> list[list[int]]:
     """Index lists into `rows`' samples: by token budget (`use_dynamic_bsz`; whole prompt groups, each costing its
     prompt once, when `grouped`) or by count (None = all of them). Across ranks, every rank gets the largest rank's
@@ -64,15 +73,16 @@ def micro_batches(
     if use_dynamic_bsz:
         if grouped:
             prompts = [batch.samples[r].prompt_token_ids for r in rows]
-            parts = prefix_grouped_micro_batches(prompts, [batch.response_lengths[r] for r in rows], max_token_len)
+            responses = [batch.response_lengths[r] for r in rows]
+            parts = prefix_grouped_micro_batches(prompts, responses, max_token_len, key=key)
         else:
-            parts = token_budget_micro_batches(lengths, max_token_len)
+            parts = token_budget_micro_batches(lengths, max_token_len, key=key)
     else:
         parts = fixed_micro_batches(len(rows), micro_batch_size or len(rows))
     count = all_reduce_max(len(parts), device)
     if count > len(parts):
         if use_dynamic_bsz and not grouped:
-            parts = token_budget_micro_batches(lengths, max_token_len, min_num_micro_batches=count)
+            parts = token_budget_micro_batches(lengths, max_token_len, min_num_micro_batches=count, key=key)
         else:
             parts = split_to_count(parts, lengths, count)
     return [[rows[i] for i in part] for part in parts]

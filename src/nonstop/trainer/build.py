@@ -111,7 +111,8 @@ TRAINERS = {"sync": SyncTrainer, "one_step_off": OneStepOffTrainer, "async": Asy
 
 
 def check_data_parallel(config: NonstopConfig, info: DistInfo) -> None:
-    """What several training ranks need: colocated, the sync loop; prompt counts that split evenly over the ranks."""
+    """What several training ranks need: colocated, the sync loop; prompt counts that split evenly over the ranks.
+    (Split placement refuses what it cannot do yet in `check_split`, a critic included.)"""
     if not info.distributed:
         return
     if config.trainer.mode != "sync" and config.trainer.placement == "colocate":
@@ -123,16 +124,20 @@ def check_data_parallel(config: NonstopConfig, info: DistInfo) -> None:
         raise ValueError("algorithm.filter_groups runs on one rank only so far")
     if config.actor_rollout_ref.model.lora_rank > 0:
         raise ValueError("LoRA (actor_rollout_ref.model.lora_rank > 0) runs on one rank only so far")
-    if config.algorithm.adv_estimator == "gae" or config.critic.enable is True:
-        raise ValueError(
-            "a critic (algorithm.adv_estimator=gae) runs on one rank only so far: its update is not sharded yet"
-        )
-    for key, value in (
+    check_prompt_counts(config, info.world_size, "ranks")
+
+
+def check_prompt_counts(config: NonstopConfig, ranks: int, what: str) -> None:
+    """The batch sizes in prompts split evenly over `ranks` training ranks (whole prompts each)."""
+    counts = [
         ("data.train_batch_size", config.data.train_batch_size),
         ("actor_rollout_ref.actor.ppo_mini_batch_size", config.actor_rollout_ref.actor.ppo_mini_batch_size),
-    ):
-        if value % info.world_size:
-            raise ValueError(f"{key}={value} must be a multiple of the {info.world_size} ranks (whole prompts each)")
+    ]
+    if config.critic.enable:
+        counts.append(("critic.ppo_mini_batch_size", config.critic.ppo_mini_batch_size))
+    for key, value in counts:
+        if value % ranks:
+            raise ValueError(f"{key}={value} must be a multiple of the {ranks} {what} (whole prompts each)")
 
 
 def check_split(config: NonstopConfig, world_size: int) -> None:
@@ -150,12 +155,19 @@ def check_split(config: NonstopConfig, world_size: int) -> None:
             raise ValueError(
                 f"{what} is not supported with trainer.placement=split yet; use trainer.placement=colocate"
             )
+    if config.trainer.val_only:
+        raise ValueError(
+            "trainer.val_only is not supported with trainer.placement=split; use trainer.placement=colocate"
+        )
     rollout_ranks = config.trainer.rollout_n_gpus
     if config.data.train_batch_size % rollout_ranks:
         raise ValueError(
             f"data.train_batch_size={config.data.train_batch_size} must be a multiple of trainer.rollout_n_gpus="
             f"{rollout_ranks} (whole prompts per rollout rank)"
         )
+    # Checked here, on every rank before the groups exist, rather than on the trainer ranks only: a rollout rank
+    # would otherwise wait for a first block that never comes.
+    check_prompt_counts(config, world_size - rollout_ranks, "trainer ranks")
 
 
 def check_no_validation(config: NonstopConfig, val_loader) -> None:
@@ -179,7 +191,7 @@ def build_trainer(config: NonstopConfig, console: bool = True) -> SyncTrainer | 
     placement = None
     if config.trainer.placement == "split":
         check_split(config, info.world_size)
-        placement = split_placement(config.trainer.rollout_n_gpus)
+        placement = split_placement(config.trainer.rollout_n_gpus, config.actor_rollout_ref.nccl_timeout)
         if placement.is_rollout:
             return build_rollout_worker(config, device, placement)
     check_data_parallel(config, current())  # the trainer ranks' group under split placement
@@ -197,6 +209,9 @@ def build_trainer(config: NonstopConfig, console: bool = True) -> SyncTrainer | 
         shard_model(model, actor_cfg.fsdp_config, device, compute_dtype)
         if ref_model is not None:
             shard_model(ref_model, config.actor_rollout_ref.ref.fsdp_config, device, compute_dtype)
+        if critic_model is not None:
+            critic_fsdp = config.critic.model.fsdp_config
+            shard_model(critic_model, critic_fsdp, device, torch_dtype(critic_fsdp.dtype))
     reward_model = RewardModel.from_config(config.reward_model, device) if config.reward_model.enable else None
     val_loader = val_dataloader(config.data, tokenizer)
     trainer_cls, extra = TRAINERS[config.trainer.mode], {}

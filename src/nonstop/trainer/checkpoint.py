@@ -11,9 +11,11 @@ Layout (verl's names where verl has one):
     RUN_DIR/checkpoints/global_step_N/critic/                PPO only: the critic (`save_critic_model`) and its
                                                              AdamW moments, `critic/optimizer.safetensors`
 
-On several ranks (an FSDP2 model) `actor/` and `optimizer.safetensors` are replaced by `dcp/`, the sharded model and
-optimizer state of `torch.distributed.checkpoint` (dist/checkpoint.py), which loads on any number of ranks; rank 0
-writes everything else.
+On several ranks (FSDP2 models) the weights and AdamW moments are `torch.distributed.checkpoint` (DCP) shards
+(dist/checkpoint.py), which load on any number of ranks: `dcp/` for the actor, whose `actor/` then holds only
+`config.json` and the tokenizer (what `nonstop export` needs to write the gathered weights as an HF directory), and
+`critic/dcp/` for the critic. Rank 0 writes everything else. A one-rank checkpoint also resumes on several: every
+rank reads the whole weights and moments and keeps its shard of each (`shard_like`).
 
 A step directory is written under a temporary name and renamed into place, and the `latest` file is replaced
 atomically after that, so a crash mid-save leaves the previous checkpoint as the latest. Nothing is read back
@@ -37,12 +39,12 @@ from safetensors.torch import load_file, save_file
 
 from nonstop.dist import barrier, current
 from nonstop.dist.checkpoint import SHARDED_DIR, load_sharded, save_sharded
-from nonstop.dist.fsdp import is_sharded
+from nonstop.dist.fsdp import is_sharded, shard_like
 from nonstop.models.critic_model import CriticModel, save_critic_model
 from nonstop.models.hf_loader import iter_safetensors, safetensors_files
 from nonstop.models.lora import has_lora
 from nonstop.models.peft_format import is_adapter_dir, load_adapter_weights, save_adapter
-from nonstop.models.save import save_hf
+from nonstop.models.save import save_hf, save_hf_config
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
@@ -93,8 +95,8 @@ def save_checkpoint(
     critic_keep: int | None = None,
 ) -> Path:
     """Write step `state.step` atomically and make it the latest; then keep only the newest `keep` steps, and the
-    critic of only the newest `critic_keep` (`trainer.max_critic_ckpt_to_keep`). A collective when `model` is
-    sharded: every rank calls it (the critic is never sharded: rank 0 writes it)."""
+    critic of only the newest `critic_keep` (`trainer.max_critic_ckpt_to_keep`). A collective when `model` (and the
+    critic) are sharded: every rank calls it."""
     rank_zero = current().rank == 0
     final = step_dir(root, state.step)
     tmp = root / f".tmp-{final.name}"
@@ -103,22 +105,38 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
     barrier()
-    groups = None
+    groups = critic_groups = None
+    hf_tokenizer = tokenizer if hasattr(tokenizer, "save_pretrained") else None
     if is_sharded(model):
         save_sharded(tmp / SHARDED_DIR, model, optimizer)
-        barrier()  # every shard written before rank 0 renames the directory
+        if rank_zero:
+            save_hf_config(model.config, tmp / "actor", next(model.parameters()).dtype)
+            if hf_tokenizer is not None:
+                hf_tokenizer.save_pretrained(tmp / "actor")
     else:
-        hf_tokenizer = tokenizer if hasattr(tokenizer, "save_pretrained") else None
         if has_lora(model):
             save_adapter(model, tmp / "actor", tokenizer=hf_tokenizer)  # the frozen base is the model's path
         else:
             save_hf(model, tmp / "actor", tokenizer=hf_tokenizer)
         tensors, groups = _flatten_optimizer(optimizer)
         save_file(tensors, tmp / "optimizer.safetensors")
+    if critic is not None and is_sharded(critic[0]):
+        save_sharded(tmp / CRITIC_DIR / SHARDED_DIR, *critic)
+    elif critic is not None and rank_zero:
+        critic_groups = _save_critic(tmp / CRITIC_DIR, *critic)
+    barrier()  # every shard written before rank 0 renames the directory
     if rank_zero:
-        _commit(root, tmp, state, groups, keep, critic, critic_keep)
+        _commit(root, tmp, state, groups, critic_groups, keep, critic_keep if critic is not None else None)
     barrier()
     return final
+
+
+def _save_critic(critic_dir: Path, critic: CriticModel, optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """An unsharded critic and its AdamW moments; returns the optimizer's param groups for the trainer state."""
+    save_critic_model(critic, critic_dir)
+    tensors, groups = _flatten_optimizer(optimizer)
+    save_file(tensors, critic_dir / "optimizer.safetensors")
+    return groups
 
 
 def _commit(
@@ -126,20 +144,14 @@ def _commit(
     tmp: Path,
     state: TrainingState,
     groups: list[dict[str, Any]] | None,
+    critic_groups: list[dict[str, Any]] | None,
     keep: int | None,
-    critic: tuple[CriticModel, torch.optim.Optimizer] | None,
     critic_keep: int | None,
 ) -> None:
-    """Rank 0's part of a save: the critic, RNGs and trainer state into `tmp`, `tmp` renamed into place, `latest`
-    updated, old steps pruned."""
+    """Rank 0's part of a save: RNGs and trainer state into `tmp`, `tmp` renamed into place, `latest` updated, old
+    steps pruned (`critic_keep`: old critics too; None when the run has none)."""
     final = step_dir(root, state.step)
     save_file(_rng_tensors(), tmp / "rng.safetensors")
-    critic_groups = None
-    if critic is not None:
-        critic_model, critic_optimizer = critic
-        save_critic_model(critic_model, tmp / CRITIC_DIR)
-        tensors, critic_groups = _flatten_optimizer(critic_optimizer)
-        save_file(tensors, tmp / CRITIC_DIR / "optimizer.safetensors")
     trainer_state = {
         "step": state.step,
         "scheduler": state.scheduler,
@@ -163,7 +175,7 @@ def _commit(
     shutil.rmtree(old, ignore_errors=True)
     if keep is not None:
         prune_checkpoints(root, keep, state.step)
-    if critic is not None and critic_keep is not None:
+    if critic_keep is not None:
         prune_checkpoints(root, critic_keep, state.step, part=CRITIC_DIR)
 
 
@@ -196,12 +208,9 @@ def load_checkpoint(
 def _load_unsharded(
     path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer_state: dict[str, Any]
 ) -> None:
-    if is_sharded(model):
-        raise ValueError(f"checkpoint {path} was saved on one rank; resuming it on several is not supported yet")
     _load_actor(path, model)
-    optimizer.load_state_dict(
-        _unflatten_optimizer(load_file(path / "optimizer.safetensors"), trainer_state["optimizer_param_groups"])
-    )
+    tensors = load_file(path / "optimizer.safetensors")
+    _load_optimizer(optimizer, tensors, trainer_state["optimizer_param_groups"])
 
 
 def _load_actor(path: Path, model: torch.nn.Module) -> None:
@@ -216,12 +225,35 @@ def _load_actor(path: Path, model: torch.nn.Module) -> None:
     if has_lora(model):
         load_adapter_weights(model, actor)
         return
-    weights = dict(iter_safetensors(safetensors_files(actor)))
+    _copy_full_weights(path, model, dict(iter_safetensors(safetensors_files(actor))))
+
+
+def _copy_full_weights(path: Path, model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """Whole tensors (a one-rank checkpoint's) into `model`'s parameters; a sharded model's rank takes its shard."""
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name not in weights:
                 raise ValueError(f"checkpoint {path} has no tensor {name!r}; was it saved from another model?")
-            param.copy_(weights[name])
+            param.copy_(shard_like(weights[name], param))
+
+
+def _load_optimizer(
+    optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], groups: list[dict[str, Any]]
+) -> None:
+    """A one-rank checkpoint's AdamW state (whole moments) into `optimizer`; over a sharded model each rank takes the
+    shard of every moment that its parameter holds. Saved indices follow the optimizer's parameter order, as
+    `load_state_dict` assumes, so the i-th saved index is the i-th parameter of `optimizer.param_groups`."""
+    state_dict = _unflatten_optimizer(tensors, groups)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    indices = [i for group in state_dict["param_groups"] for i in group["params"]]
+    if len(indices) != len(params):
+        raise ValueError(f"the checkpoint's optimizer has {len(indices)} parameters, this model {len(params)}")
+    for index, param in zip(indices, params, strict=True):
+        per_param = state_dict["state"].get(index, {})
+        for key, value in per_param.items():
+            if value.dim() > 0:  # the moments; `step` is a scalar every rank keeps whole
+                per_param[key] = shard_like(value, param)
+    optimizer.load_state_dict(state_dict)
 
 
 def prune_checkpoints(root: Path, keep: int, current: int, part: str | None = None) -> None:
@@ -250,14 +282,16 @@ def _load_critic(
     path: Path, trainer_state: dict[str, Any], critic: CriticModel, optimizer: torch.optim.Optimizer
 ) -> None:
     critic_dir = path / CRITIC_DIR
+    if (critic_dir / SHARDED_DIR).is_dir():
+        load_sharded(critic_dir / SHARDED_DIR, critic, optimizer)
+        return
     if not critic_dir.is_dir() or trainer_state.get("critic_optimizer_param_groups") is None:
         raise ValueError(
             f"checkpoint {path} has no critic: it was saved without one, or trainer.max_critic_ckpt_to_keep pruned it"
         )
-    with torch.no_grad():
-        critic.load_state_dict(dict(iter_safetensors(safetensors_files(critic_dir))))  # copies into the parameters
+    _copy_full_weights(path, critic, dict(iter_safetensors(safetensors_files(critic_dir))))
     tensors = load_file(critic_dir / "optimizer.safetensors")
-    optimizer.load_state_dict(_unflatten_optimizer(tensors, trainer_state["critic_optimizer_param_groups"]))
+    _load_optimizer(optimizer, tensors, trainer_state["critic_optimizer_param_groups"])
 
 
 def _flatten_optimizer(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:

@@ -12,7 +12,13 @@ The value of response token t is read from the hidden state one position to its 
 chosen: the same `predict_index_R` the actor scores log-probs from (verl's `values[:, -response_length - 1 : -1]`).
 
 Every micro-batch loss is normalised by its mini-batch's token / sequence count, so the accumulated gradient is the
-mini-batch's whatever the split. Metrics use verl's keys: `critic/vf_loss`, `critic/vf_clipfrac`, `critic/vpred_mean`,
+mini-batch's whatever the split.
+
+Several ranks (FSDP2, dist/fsdp.py, sharded like the actor with `critic.model.fsdp_config`): as the actor, every rank
+passes and updates its own share of the batch; the normalisers are the mini-batch's over all ranks and the backward
+is scaled by the world size (FSDP averages gradients), so the same global batch gives the same values, loss and
+gradients as one rank. The loss metrics are summed over ranks before they are reported, so they are the global
+mini-batch's. Metrics use verl's keys: `critic/vf_loss`, `critic/vf_clipfrac`, `critic/vpred_mean`,
 `critic/grad_norm`, `critic/lr`, plus `critic/prefix_grouped` (share of update mini-batches grouped, as the actor's);
 `value_metrics` adds `critic/values/*`, `critic/returns/*` and `critic/vf_explained_var` from the values pass.
 
@@ -25,11 +31,23 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from nonstop.algos import compute_value_loss, explained_variance
+from nonstop.algos import compute_value_loss, explained_variance_from_sums, explained_variance_sums
 from nonstop.config.critic import CriticConfig
+from nonstop.dist.collectives import all_reduce_sum_, sum_over_ranks
+from nonstop.dist.fsdp import full_value
+from nonstop.dist.offload import optimizer_step
+from nonstop.dist.process_group import current
 from nonstop.kernels.dispatch import fused_kernels
 from nonstop.models.critic_model import CriticModel
-from nonstop.trainer.batching import autocast, micro_batches, mini_batches, pack_rows, prefix_grouped, unpack_rows
+from nonstop.trainer.batching import (
+    autocast,
+    micro_batches,
+    mini_batches,
+    pack_rows,
+    prefix_grouped,
+    rank_mini_batch_size,
+    unpack_rows,
+)
 from nonstop.trainer.lr_schedule import build_optimizer
 from nonstop.trainer.rollout_batch import RolloutBatch
 
@@ -81,6 +99,7 @@ class Critic:
             cfg.forward_max_token_len_per_gpu,
             cfg.forward_micro_batch_size_per_gpu,
             grouped,
+            key="critic.forward_max_token_len_per_gpu",
         )
         with fused_kernels(False):
             for rows in parts:
@@ -97,7 +116,7 @@ class Critic:
         num_updates = num_grouped = 0
         self.model.train()
         for _ in range(cfg.ppo_epochs):
-            for mini in mini_batches(batch, cfg.ppo_mini_batch_size * self.rollout_n):
+            for mini in mini_batches(batch, rank_mini_batch_size(cfg.ppo_mini_batch_size, self.rollout_n)):
                 grouped = self.prefix_grouped(batch, mini)
                 for key, value in self._mini_batch_step(batch, mini, mask_BL, values_BL, returns_BL, grouped).items():
                     sums[key] = sums.get(key, 0.0) + value
@@ -121,7 +140,9 @@ class Critic:
     ) -> dict[str, float]:
         cfg = self.config
         width = mask_BL.shape[1]
-        info = {"batch_num_tokens": mask_BL[mini].sum(), "global_batch_size": len(mini)}
+        world_size = current().world_size
+        counts = all_reduce_sum_(torch.stack([mask_BL[mini].sum(), torch.tensor(len(mini), device=self.device)]))
+        info = {"batch_num_tokens": counts[0], "global_batch_size": counts[1]}
         totals = {k: torch.zeros((), device=self.device) for k in ("vf_loss", "vf_clipfrac", "vpred_mean")}
         parts = micro_batches(
             batch,
@@ -131,6 +152,7 @@ class Critic:
             cfg.ppo_max_token_len_per_gpu,
             cfg.ppo_micro_batch_size_per_gpu,
             grouped,
+            key="critic.ppo_max_token_len_per_gpu",
         )
         for rows in parts:
             mask_bL = mask_BL[rows]
@@ -144,14 +166,16 @@ class Critic:
                 cfg.loss_agg_mode,
                 global_batch_info=info,
             )
-            vf_loss.backward()
+            (vf_loss * world_size).backward()  # FSDP averages over ranks; the normalisers are global already
             share = mask_bL.sum() / info["batch_num_tokens"]  # token share: micro means into the mini-batch mean
             totals["vf_loss"] += vf_loss.detach()
             totals["vf_clipfrac"] += vf_clipfrac * share
             totals["vpred_mean"] += (vpreds_bL.detach() * mask_bL).sum() / info["batch_num_tokens"]
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        # Each rank summed its share over the global normalisers: the sums are the mini-batch's values.
+        totals = dict(zip(totals, all_reduce_sum_(torch.stack(list(totals.values()))), strict=True))
+        grad_norm = full_value(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
         if bool(torch.isfinite(grad_norm) & torch.isfinite(totals["vf_loss"])):  # one host sync per mini-batch
-            self.optimizer.step()
+            optimizer_step(self.optimizer, self.device, cfg.model.fsdp_config.optimizer_offload)
         else:
             self.skipped_steps += 1
         self.optimizer.zero_grad(set_to_none=True)
@@ -160,13 +184,25 @@ class Critic:
         return metrics
 
 
-def value_metrics(values_BL: Tensor, returns_BL: Tensor, mask_BL: Tensor) -> dict[str, float]:
-    """verl's data metrics of a critic run, over the valid response tokens of the step."""
+def value_metrics(
+    values_BL: Tensor, returns_BL: Tensor, mask_BL: Tensor, device: torch.device | None = None
+) -> dict[str, float]:
+    """verl's data metrics of a critic run, over the valid response tokens of the step — of the whole batch on
+    several ranks: means and the explained variance come from sums over ranks (a mean of per-rank variance ratios
+    is not the batch's), max/min are reduced by the caller's `merge_metrics`. Every rank must call it."""
     valid = mask_BL.bool().cpu()
-    if not valid.any():
+    values_N, returns_N = values_BL.cpu()[valid].double(), returns_BL.cpu()[valid].double()
+    sums = torch.cat([explained_variance_sums(values_N, returns_N), values_N.sum().view(1)])
+    sums = sum_over_ranks(sums, device or values_BL.device)
+    n, sum_r, sum_v = sums[0].item(), sums[1].item(), sums[5].item()
+    if n == 0:
         return {}
-    values_N, returns_N = values_BL.cpu()[valid], returns_BL.cpu()[valid]
-    metrics = {"critic/vf_explained_var": explained_variance(values_N, returns_N).item()}
-    for name, x_N in (("values", values_N), ("returns", returns_N)):
-        metrics.update({f"critic/{name}/{stat}": getattr(x_N, stat)().item() for stat in ("mean", "max", "min")})
+    metrics = {
+        "critic/vf_explained_var": explained_variance_from_sums(sums[:5]),
+        "critic/values/mean": sum_v / n,
+        "critic/returns/mean": sum_r / n,
+    }
+    if len(values_N):  # a rank without valid tokens leaves max/min to the others
+        for name, x_N in (("values", values_N), ("returns", returns_N)):
+            metrics.update({f"critic/{name}/{stat}": getattr(x_N, stat)().item() for stat in ("max", "min")})
     return metrics

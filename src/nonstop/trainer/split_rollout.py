@@ -10,7 +10,14 @@ asks: a step here is
 1. wait for this rank's groups of block s − 1 (the rollouter keeps generating the next blocks meanwhile), collect
    their scores, send the block to every trainer rank;
 2. wait for the trainer's notice that version s is ready (generation still goes on), then `publish`: pause the
-   engine, receive the broadcast buckets into its weights in place, run the probe, continue.
+   engine, tell every trainer rank it is `Ready`, receive the broadcast buckets into its weights in place, run the
+   probe, continue.
+
+Whatever a rollout rank raises, it first sends every trainer rank a `RolloutFailure` in place of the message that
+rank waits for next from it (a block, `Ready`, a probe reply), so the trainer ranks raise it at once instead of
+waiting out `nccl_timeout`. `Ready` is what makes that cover the weight sync: the trainer ranks enter the broadcast
+(a collective the rollout rank's error could not reach) only after every rollout rank has passed its checks and
+paused its engine; a failure while loading the buckets still receives the rest of the broadcast before it is sent.
 
 With R rollout ranks each takes a contiguous 1/R of every block's prompts (`rank_share`), seeded as one rank
 would seed them, so the samples do not depend on R. Each rank reads the whole data stream and keeps its share, as
@@ -19,6 +26,8 @@ colocated data-parallel ranks do.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -48,7 +57,6 @@ class Block:
     scores: list[float] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)  # rollout/*, rollouter/*, async/*, reward/*
     loader_state: dict | None = None  # the loader after this block and every earlier one: a checkpoint's
-    error: str | None = None  # the rank failed (it raises right after sending this)
 
 
 @dataclass
@@ -60,6 +68,18 @@ class SyncNotice:
     # First notice only: the trainer's parameter layout (checked against the engine's) and where the data starts.
     shapes: list[tuple[str, tuple[int, ...]]] | None = None
     loader_state: dict | None = None
+
+
+@dataclass
+class Ready:
+    """Rollout rank → every trainer rank, before each weight broadcast: checks passed, engine paused."""
+
+
+@dataclass
+class RolloutFailure:
+    """Rollout rank → every trainer rank, in place of its next message: the rank failed (it raises right after)."""
+
+    error: str
 
 
 @dataclass
@@ -114,19 +134,12 @@ class RolloutWorker:
         """Send block step − 1, then take the weights of version `step`. Metrics travel with the block: none here."""
         if self.rollouter is None:
             self._start()
-        control, trainers = self.placement.control_group, self.placement.trainer_ranks
-        try:
+        with self._forwarding_failure():
             block = self._take_block(step - 1)
-        except BaseException as error:
-            # Tell the trainers, which wait for this block, why it will not come (the launcher then stops them).
-            cause = f" ({error.__cause__})" if error.__cause__ is not None else ""
-            for rank in trainers:
-                send_object(Block(error=f"{type(error).__name__}: {error}{cause}"), rank, control)
-            raise
-        for rank in trainers:
-            send_object(block, rank, control)
-        notice = recv_object(self.placement.weight_src, control)  # the rollouter generates while the trainer trains
-        self.rollouter.publish(self._receive_weights, after=lambda: self._probe(notice))
+            self._send_trainers(block)
+            # The rollouter generates while the trainer trains.
+            notice = recv_object(self.placement.weight_src, self.placement.control_group)
+            self.rollouter.publish(self._receive_weights, after=lambda: self._probe(notice))
         return {}
 
     def close(self) -> None:
@@ -139,17 +152,22 @@ class RolloutWorker:
     def _start(self) -> int:
         """The first notice: check the layout, position the data, load the weights (engine idle), start the
         rollouter at the trainer's version; returns that version."""
-        notice = recv_object(self.placement.weight_src, self.placement.control_group)
-        own = parameter_shapes(self.llm.model)
-        if notice.shapes != own:
-            raise RuntimeError(
-                f"rollout rank {self.placement.rank}: the trainer's parameters ({len(notice.shapes)}) do not match the "
-                f"engine's ({len(own)}): both must load actor_rollout_ref.model.path"
-            )
-        if notice.loader_state is not None:
-            self.train_loader.load_state_dict(notice.loader_state)
-        self._receive_weights()
-        self._probe(notice)
+        with self._forwarding_failure():
+            notice = recv_object(self.placement.weight_src, self.placement.control_group)
+            own = parameter_shapes(self.llm.model)
+            if notice.shapes != own:
+                raise RuntimeError(
+                    f"rollout rank {self.placement.rank}: the trainer's parameters ({len(notice.shapes)}) do not match "
+                    f"the engine's ({len(own)}): both must load actor_rollout_ref.model.path"
+                )
+            if notice.loader_state is not None:
+                self.train_loader.load_state_dict(notice.loader_state)
+            self._receive_weights()
+            self._probe(notice)
+            self._start_rollouter(notice.version)
+        return notice.version
+
+    def _start_rollouter(self, version: int) -> None:
         self.rollouter = Rollouter(
             self.llm,
             self._next_prompts,
@@ -159,12 +177,11 @@ class RolloutWorker:
             max_staleness=self.max_staleness,
             partial_rollout=self.partial_rollout,
             on_group_done=self._submit_rewards,
-            version=notice.version,
+            version=version,
             loader_state=lambda: loader_state(self.train_loader),
         )
         self.llm.model.eval()
         self.rollouter.start()
-        return notice.version
 
     def _take_block(self, block: int) -> Block:
         groups = self.rollouter.take_block(block)
@@ -178,15 +195,36 @@ class RolloutWorker:
         return Block(samples, [results[i].score for i in ids], metrics, state)
 
     def _receive_weights(self) -> None:
+        """Tell the trainer ranks to broadcast (the engine is idle or paused), then load the buckets."""
         p = self.placement
-        self.llm.update_weights(receive_weights(self.plan, p.weight_src, p.weight_group, self.wire_dtype, self.device))
+        self._send_trainers(Ready())
+        buckets = receive_weights(self.plan, p.weight_src, p.weight_group, self.wire_dtype, self.device)
+        try:
+            self.llm.update_weights(buckets)
+        finally:
+            for _ in buckets:  # after a failed copy: take the rest, so the broadcast ends and the failure reaches them
+                pass
 
     def _probe(self, notice: SyncNotice) -> None:
         if not notice.probe_prompts:
             return
         responses, logprobs = probe_engine(self.llm, notice.probe_prompts, seed=notice.version)
+        self._send_trainers(ProbeReply(responses, logprobs))
+
+    def _send_trainers(self, message: Block | Ready | ProbeReply | RolloutFailure) -> None:
         for rank in self.placement.trainer_ranks:
-            send_object(ProbeReply(responses, logprobs), rank, self.placement.control_group)
+            send_object(message, rank, self.placement.control_group)
+
+    @contextmanager
+    def _forwarding_failure(self) -> Iterator[None]:
+        """What the body raises goes to every trainer rank first (see the module docstring); the launcher then stops
+        any rank still waiting elsewhere."""
+        try:
+            yield
+        except BaseException as error:
+            cause = f" ({error.__cause__})" if error.__cause__ is not None else ""
+            self._send_trainers(RolloutFailure(f"{type(error).__name__}: {error}{cause}"))
+            raise
 
     def _next_prompts(self) -> list[TokenizedPrompt]:
         return rank_share(self.train_loader.next_batch(), self.share)[1]

@@ -5,10 +5,14 @@ the overlap modes' (async_trainer.py) with the rollouter on other ranks (split_r
   wait is the trainer's idle time (`trainer/idle_ratio`). Every trainer rank receives the whole block and keeps
   its token-balanced share of whole groups (`balanced_share`), so there is no second exchange;
 - the update, on the trainer ranks' own group (FSDP2 when there are several);
-- `update_weights`: trainer rank 0 tells the rollout ranks that version s is ready, then every trainer rank
-  gathers the full parameters one at a time and rank 0 broadcasts them in buckets (dist/weight_sync.py); the
-  rollout ranks answer with the probe, which every trainer rank scores (`actor/sync_logprob_diff`, its mean over
-  the probed tokens of every rollout rank, and `actor/sync_logprob_diff_max`).
+- `update_weights`: trainer rank 0 tells the rollout ranks that version s is ready; once every rollout rank has
+  answered `Ready` to every trainer rank, every trainer rank gathers the full parameters one at a time and rank 0
+  broadcasts them in buckets (dist/weight_sync.py); the rollout ranks answer with the probe, which every trainer
+  rank scores (`actor/sync_logprob_diff`, its mean over the probed tokens of every rollout rank, and
+  `actor/sync_logprob_diff_max`).
+
+Any message from a rollout rank may be its `RolloutFailure` instead: every trainer rank then raises
+`rollout rank R failed: ...` with its error.
 
 `trainer.mode` sets the staleness bound the rollout ranks admit under (`overlap_policy`): `sync` (0) is the
 baseline in which rollout ranks wait while the trainer trains, `one_step_off` (1) and `async` overlap the two.
@@ -31,7 +35,7 @@ from nonstop.dist.weight_sync import broadcast_weights, bucket_plan, parameter_s
 from nonstop.profiling import PhaseRecorder
 from nonstop.trainer.async_trainer import AsyncTrainer, staleness_metrics
 from nonstop.trainer.rollout_batch import RolloutBatch
-from nonstop.trainer.split_rollout import Block, SyncNotice
+from nonstop.trainer.split_rollout import Block, ProbeReply, RolloutFailure, SyncNotice
 from nonstop.trainer.sync_probe import PROBE_PROMPTS, probe_diff
 from nonstop.trainer.sync_trainer import loader_state
 
@@ -58,12 +62,8 @@ class SplitTrainer(AsyncTrainer):
         if not self.started:
             self._publish(version=step - 1, first=True)
             self.started = True
-        p = self.placement
         with rec("gen") as span:  # the wait for the block: the trainer's idle time
-            blocks: list[Block] = [recv_object(rank, p.control_group) for rank in p.rollout_ranks]
-            for rank, block in zip(p.rollout_ranks, blocks, strict=True):
-                if block.error is not None:
-                    raise RuntimeError(f"rollout rank {rank} failed: {block.error}")
+            blocks: list[Block] = self._receive_rollouts()
             batch = RolloutBatch([s for b in blocks for s in b.samples], self.sampling_params.max_tokens)
             span.tokens = sum(batch.total_lengths)
         scores_B = torch.tensor([x for b in blocks for x in b.scores], dtype=torch.float32)
@@ -100,6 +100,7 @@ class SplitTrainer(AsyncTrainer):
                 notice.shapes, notice.loader_state = self.shapes, loader_state(self.train_loader)
             for rank in p.rollout_ranks:
                 send_object(notice, rank, p.control_group)
+        self._receive_rollouts()  # every `Ready`: no rank enters the broadcast that a failed rollout rank would not
         self.model.eval()
         broadcast_weights(
             full_named_parameters(self.model),
@@ -111,9 +112,18 @@ class SplitTrainer(AsyncTrainer):
             send=sender,
         )
         if self.probe_prompts:
-            replies = [recv_object(rank, p.control_group) for rank in p.rollout_ranks]
+            replies: list[ProbeReply] = self._receive_rollouts()
             diffs = torch.cat([probe_diff(self.actor, self.probe_prompts, r.responses, r.logprobs) for r in replies])
             self.probe_diff, self.probe_diff_max = diffs.mean().item(), diffs.max().item()
+
+    def _receive_rollouts(self) -> list[Any]:
+        """The next message of every rollout rank, in rank order; raises the first `RolloutFailure`."""
+        p = self.placement
+        messages = [recv_object(rank, p.control_group) for rank in p.rollout_ranks]
+        for rank, message in zip(p.rollout_ranks, messages, strict=True):
+            if isinstance(message, RolloutFailure):
+                raise RuntimeError(f"rollout rank {rank} failed: {message.error}")
+        return messages
 
     def _train_loader_state(self, step: int) -> dict[str, Any] | None:
         return self.block_loader_state if self.started else loader_state(self.train_loader)

@@ -14,9 +14,9 @@ the task's own score. With `algorithm.filter_groups.enable` a step generates unt
 (`trainer/dynamic_sampling.py`).
 
 Several ranks (dist/): each rank generates for its share of the prompts, the ranks then trade whole groups to
-balance tokens (`trainer.balance_batch`), the FSDP2 actor updates, and every rank gathers the full weights into its
-own engine. Metrics are reduced over ranks; rank 0 writes the run directory, rank r > 0 its profile and metrics to
-`RUN_DIR/rank_r/`.
+balance tokens (`trainer.balance_batch`), the FSDP2 critic (values, update) and the FSDP2 actor train on each rank's
+share, and every rank gathers the full weights into its own engine. Metrics are reduced over ranks; rank 0 writes
+the run directory, rank r > 0 its profile and metrics to `RUN_DIR/rank_r/`.
 """
 
 from __future__ import annotations
@@ -24,19 +24,20 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from nonstop.algos import compute_advantage, outcome_token_rewards
+from nonstop.algos import compute_advantage, masked_whiten, outcome_token_rewards
 from nonstop.config import NonstopConfig, config_to_yaml
 from nonstop.data import TokenizedPrompt
 from nonstop.dist import current
-from nonstop.dist.collectives import all_gather_objects, reduce_metrics
+from nonstop.dist.collectives import all_gather_objects, reduce_metrics, sum_over_ranks
 from nonstop.dist.data_parallel import balance_batch, rank_share
-from nonstop.dist.fsdp import full_named_parameters
+from nonstop.dist.fsdp import full_named_parameters, is_sharded
 from nonstop.models.critic_model import CriticModel
 from nonstop.models.lora import engine_weights, has_lora
 from nonstop.profiling import PhaseRecorder, RunProfiler
@@ -74,6 +75,10 @@ SUPPORTED_ESTIMATORS = (
 
 
 class SyncTrainer:
+    # Whether every step publishes a policy version, actor updated or not (critic warm-up): the overlap modes' rollout
+    # admits the next block by version, so a step without one would leave it waiting.
+    publishes_every_step = False
+
     def __init__(
         self,
         config: NonstopConfig,
@@ -131,6 +136,8 @@ class SyncTrainer:
         )
         self.critic = None
         if config.critic.enable:
+            # On several ranks `build_trainer` copies the critic from the policy before sharding either.
+            assert critic_model is not None or not is_sharded(model), "a sharded policy cannot seed the critic"
             critic_model = critic_model or CriticModel.from_policy(model)
             critic_model.gradient_checkpointing = config.critic.model.enable_gradient_checkpointing
             self.critic = Critic(critic_model, config.critic, rollout.n, self.total_steps, compute_dtype)
@@ -140,6 +147,8 @@ class SyncTrainer:
         self.run_dir = Path(config.trainer.default_local_dir)
         self.ckpt_root = checkpoint_root(self.run_dir)
         self.dist = current()
+        # Estimators that whiten over the batch (gae, reinforce++) do it over every rank's share: the global batch's.
+        self.whiten = partial(masked_whiten, reduce_sum=partial(sum_over_ranks, device=device))
         self.rank_zero = self.dist.rank == 0
         rank_dir = self.run_dir if self.rank_zero else self.run_dir / f"rank_{self.dist.rank}"
         self.log = MetricsLog(rank_dir, console=console and self.rank_zero)
@@ -247,11 +256,12 @@ class SyncTrainer:
                 norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
                 gamma=cfg.algorithm.gamma,
                 lam=cfg.algorithm.lam,
+                whiten=self.whiten,
                 **values,
             )
         metrics = data_metrics(batch, scores_B, advantages_BL, mask_BL)
         if self.critic is not None:
-            metrics.update(value_metrics(values["values"], returns_BL, mask_BL))
+            metrics.update(value_metrics(values["values"], returns_BL, mask_BL, self.device))
             with rec("update_critic") as span:
                 metrics.update(self.critic.update(batch, values["values"], returns_BL))
                 span.tokens = tokens * cfg.critic.ppo_epochs
@@ -271,6 +281,9 @@ class SyncTrainer:
             with rec("update_weights"):
                 self._sync_weights()
             self.nonfinite_streak = self.nonfinite_streak + 1 if self.actor.skipped_steps > skipped_before else 0
+        elif self.publishes_every_step:  # unchanged weights, but a new policy version the rollout side waits for
+            with rec("update_weights"):
+                self._sync_weights()
         metrics.update(self.reward_pool.pop_metrics())
         metrics.update(extra)
         metrics["perf/total_num_tokens"] = float(tokens)
