@@ -9,7 +9,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 t() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
   echo "=== $name rc=$rc $((SECONDS - t0))s"
-  grep -E "passed|failed|^E |FAILED|PROBLEM|faster|tok/s|x the|speedup|x$" "$OUT/$name.log" | tail -n 8; }
+  grep -E "passed|failed|^E |FAILED|PROBLEM|faster|tok/s|x the|speedup|x$" "$OUT/$name.log" | tail -n 8; return $rc; }
 gpu_test() { local name=$1 limit=$2; shift 2
   t "$name" "$limit" python3 -m pytest -v -x --tb=short --durations=5 -p no:cacheprovider -m gpu "$@"; }
 pack_logs() { tar -czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls *.log) && rm -f "$OUT"/*.log; }

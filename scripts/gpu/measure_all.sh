@@ -7,6 +7,9 @@
 #            still shows how far each got
 #   rollout  engine vs transformers.generate (issue 3); with BASE_SRC also the same bench on another commit's src/
 #            (`git archive <rev> src | tar -x -C .base`), for an A/B in one session
+#   engine_ab  a branch's engine (the tree) against BASE_SRC: its engine + cascade GPU tests, then `bench rollout`
+#            k = 1 and 8 on both (transformers only on the tree's side); if the tests fail, the steps after it run
+#            on BASE_SRC
 #   retest   GPU tests not yet run alone (engine, async, cascade engine, critic prefix grouping, critic, resume)
 #   trainer  GRPO step vs TRL 1.16 (issue 4), plus nonstop with resident KV and k = 8 in the same run
 #   prefix_step  issue 8's whole GRPO step at 4K prompts x 8: ungrouped / grouped / grouped + cascade decode
@@ -38,8 +41,17 @@ for step in ${STEPS:-tests rollout}; do case $step in
     fi
     t b_rollout 120 python3 -m nonstop bench rollout --shapes qwen2.5-0.5b --workloads fixed --num-scheduler-steps 1,8 \
       --out "$OUT/rollout.json" ;;
-  trainer) t b_trainer 200 python3 -m nonstop bench trainer --variant resident_k8 \
-    actor_rollout_ref.rollout.free_cache_engine=False actor_rollout_ref.rollout.num_scheduler_steps=8 \
+  engine_ab)
+    if ! gpu_test t_engine 150 tests/rollout/test_engine_gpu.py tests/rollout/test_cascade_engine.py; then
+      echo "engine tests failed: the steps after this one run on $BASE_SRC"; export PYTHONPATH=/tmp/site:$PWD/$BASE_SRC
+    fi
+    t b_rollout_base 120 env PYTHONPATH=/tmp/site:$PWD/$BASE_SRC python3 -m nonstop bench rollout \
+      --shapes qwen2.5-0.5b --workloads fixed --num-scheduler-steps 1,8 --transformers '' --out "$OUT/rollout-base.json"
+    t b_rollout 150 python3 -m nonstop bench rollout --shapes qwen2.5-0.5b --workloads fixed --num-scheduler-steps 1,8 \
+      --out "$OUT/rollout.json" ;;
+  trainer) t b_trainer 240 python3 -m nonstop bench trainer \
+    --variant k8 actor_rollout_ref.rollout.num_scheduler_steps=8 \
+    --variant resident_k8 actor_rollout_ref.rollout.free_cache_engine=False actor_rollout_ref.rollout.num_scheduler_steps=8 \
     --out "$OUT/trainer.json" ;;
   prefix_step)  # issue 8's whole step: ungrouped, grouped, grouped + cascade decode, in one run
     t b_prefix_step 240 python3 -m nonstop bench trainer --sides nonstop --shape qwen2.5-1.5b --prompts 4 --n 8 \
