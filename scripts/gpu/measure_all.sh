@@ -16,7 +16,7 @@
 #   logprob  fused log-prob/entropy kernels
 #   modes    sync / one_step_off / async on one GPU (issue 7);  lora  LoRA vs full fine-tuning (issue 9)
 #   prefix   prefix-grouping sweep, both shapes, 2K/4K/8K prompts, n 4/8/16 (issue 8)
-#   prefix_resp  the same at 4K prompts, n = 8, with 256- and 1024-token responses (both shapes)
+#   prefix_resp  the same at 4K prompts, n = 8, with 256- and 1024-token responses (Qwen2.5-1.5B)
 source "$(dirname "$0")/common.sh"
 for step in ${STEPS:-tests rollout}; do case $step in
   tests)
@@ -66,7 +66,7 @@ for step in ${STEPS:-tests rollout}; do case $step in
   lora) t b_lora 150 python3 -m nonstop bench lora --out "$OUT/lora.json" ;;
   prefix) t b_prefix 420 python3 -m nonstop bench prefix --models qwen2.5-1.5b,qwen3-1.7b --prompt-lens 2048,4096,8192 \
     --response-lens 512 --n 4,8,16 --out "$OUT/prefix.json" ;;
-  prefix_resp) t b_prefix_resp 200 python3 -m nonstop bench prefix --models qwen2.5-1.5b,qwen3-1.7b --prompt-lens 4096 \
+  prefix_resp) t b_prefix_resp 150 python3 -m nonstop bench prefix --models qwen2.5-1.5b --prompt-lens 4096 \
     --response-lens 256,1024 --n 8 --out "$OUT/prefix-resp.json" ;;
   *) echo "unknown step $step" ;;
 esac; done
