@@ -56,7 +56,8 @@ for step in ${STEPS:-tests rollout}; do case $step in
     --out "$OUT/trainer.json" ;;
   prefix_step)  # issue 8's whole step: ungrouped, grouped, grouped + cascade decode, in one run
     t b_prefix_step 240 python3 -m nonstop bench trainer --sides nonstop --shape qwen2.5-1.5b --prompts 4 --n 8 \
-      --prompt-len 4096 --response-len 512 --warmup 1 --steps 3 --override actor_rollout_ref.actor.use_prefix_grouper=False \
+      --prompt-len 4096 --response-len 512 --warmup 1 --steps 3 --override actor_rollout_ref.actor.use_dynamic_bsz=True \
+      actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384 actor_rollout_ref.actor.use_prefix_grouper=False \
       --variant grouped actor_rollout_ref.actor.use_prefix_grouper=True \
       --variant grouped_cascade actor_rollout_ref.actor.use_prefix_grouper=True actor_rollout_ref.rollout.cascade_attention=True \
       --out "$OUT/prefix-step.json" ;;
