@@ -16,7 +16,7 @@
 #   logprob  fused log-prob/entropy kernels
 #   modes    sync / one_step_off / async on one GPU (issue 7);  lora  LoRA vs full fine-tuning (issue 9)
 #   prefix   prefix-grouping sweep, both shapes, 2K/4K/8K prompts, n 4/8/16 (issue 8)
-#   prefix_resp  the same at 4K prompts, n = 8, with 256- and 1024-token responses (both shapes)
+#   prefix_resp  the same at 4K prompts, n = 8, with 256- and 1024-token responses (Qwen2.5-1.5B)
 source "$(dirname "$0")/common.sh"
 for step in ${STEPS:-tests rollout}; do case $step in
   tests)
@@ -56,7 +56,8 @@ for step in ${STEPS:-tests rollout}; do case $step in
     --out "$OUT/trainer.json" ;;
   prefix_step)  # issue 8's whole step: ungrouped, grouped, grouped + cascade decode, in one run
     t b_prefix_step 240 python3 -m nonstop bench trainer --sides nonstop --shape qwen2.5-1.5b --prompts 4 --n 8 \
-      --prompt-len 4096 --response-len 512 --warmup 1 --steps 3 --override actor_rollout_ref.actor.use_prefix_grouper=False \
+      --prompt-len 4096 --response-len 512 --warmup 1 --steps 3 --override actor_rollout_ref.actor.use_dynamic_bsz=True \
+      actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384 actor_rollout_ref.actor.use_prefix_grouper=False \
       --variant grouped actor_rollout_ref.actor.use_prefix_grouper=True \
       --variant grouped_cascade actor_rollout_ref.actor.use_prefix_grouper=True actor_rollout_ref.rollout.cascade_attention=True \
       --out "$OUT/prefix-step.json" ;;
@@ -66,7 +67,7 @@ for step in ${STEPS:-tests rollout}; do case $step in
   lora) t b_lora 150 python3 -m nonstop bench lora --out "$OUT/lora.json" ;;
   prefix) t b_prefix 420 python3 -m nonstop bench prefix --models qwen2.5-1.5b,qwen3-1.7b --prompt-lens 2048,4096,8192 \
     --response-lens 512 --n 4,8,16 --out "$OUT/prefix.json" ;;
-  prefix_resp) t b_prefix_resp 200 python3 -m nonstop bench prefix --models qwen2.5-1.5b,qwen3-1.7b --prompt-lens 4096 \
+  prefix_resp) t b_prefix_resp 150 python3 -m nonstop bench prefix --models qwen2.5-1.5b --prompt-lens 4096 \
     --response-lens 256,1024 --n 8 --out "$OUT/prefix-resp.json" ;;
   *) echo "unknown step $step" ;;
 esac; done
