@@ -102,7 +102,7 @@ def test_fp32_cuda_cascade_equals_transformers_and_the_plain_engine(enforce_eage
     for p, group in zip(prompts[:2], cascade, strict=False):
         assert group == [hf_greedy(reference.float(), p, 24)] * 8
     if not enforce_eager:
-        assert any(rows for _, rows in llm.llm_engine.model_runner.graphs.graphs)  # a cascade graph replayed
+        assert any(shape.cascade_rows for shape in llm.llm_engine.model_runner.graphs.graphs)  # a cascade graph ran
 
 
 @pytest.mark.gpu

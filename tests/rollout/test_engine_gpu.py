@@ -197,32 +197,47 @@ def test_async_scheduling_equals_sync_under_cuda_graphs(tight):
         assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
+def checked_graph_launches(runner) -> list[int]:
+    """Makes every graph launch of `runner` run under CUDA's sync debug mode "error" (a host sync raises), all but
+    the captures it starts (capturing synchronises on purpose); returns the list of the checked launches' k."""
+    launch, capture, checked = runner.launch, runner.graphs.capture, []
+
+    def checked_launch(batch):
+        graph = max(batch.num_new_tokens) == 1 == max(batch.num_sample_rows) and runner.graphs.fits(len(batch.seqs))
+        if not graph:
+            return launch(batch)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            sampled = launch(batch)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        checked.append(batch.num_scheduler_steps)
+        return sampled
+
+    def unchecked_capture(shape):
+        torch.cuda.set_sync_debug_mode("default")
+        try:
+            capture(shape)
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
+
+    runner.launch, runner.graphs.capture = checked_launch, unchecked_capture
+    return checked
+
+
 @pytest.mark.gpu
 def test_async_decode_launch_never_waits_for_the_device():
     # The point of async scheduling: a decode step is queued without any host sync (CUDA's sync debug mode raises on
-    # one), so the host builds step k+1 while the device runs step k.
+    # one), so the host builds step k+1 while the device runs step k. Both sampler paths: the fused Triton one and
+    # the reference one (top-k / top-p), each captured in the launch's graph.
     _, model = cuda_model()
     llm = LLM(model, num_kv_blocks=256, max_num_seqs=40)
-    runner = llm.llm_engine.model_runner
-    launch, checked = runner.launch, []
-
-    def checked_launch(batch):
-        decode = all(n == 1 for n in batch.num_new_tokens)
-        if decode and runner.graphs.has(runner.graphs.bucket(len(batch.seqs))):
-            torch.cuda.set_sync_debug_mode("error")
-            try:
-                sampled = launch(batch)
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-            checked.append(len(batch.seqs))
-            return sampled
-        return launch(batch)
-
-    runner.launch = checked_launch
-    params = SamplingParams(temperature=1.0, max_tokens=32, seed=1, ignore_eos=True)
-    got = llm.generate(random_prompts(LENGTHS, vocab=MEDIUM["vocab_size"]), params)
-    assert len(checked) > 20
-    assert all(len(o.outputs[0].token_ids) == 32 for o in got)
+    checked = checked_graph_launches(llm.llm_engine.model_runner)
+    for top_k in (-1, 20):
+        params = SamplingParams(temperature=1.0, top_k=top_k, max_tokens=32, seed=1, ignore_eos=True)
+        got = llm.generate(random_prompts(LENGTHS, vocab=MEDIUM["vocab_size"]), params)
+        assert all(len(o.outputs[0].token_ids) == 32 for o in got)
+    assert len(checked) > 40
 
 
 @pytest.mark.gpu
@@ -259,23 +274,48 @@ def test_multi_step_launch_never_waits_for_the_device():
     # raises on one), the sampled ids feeding the next step on the device.
     _, model = cuda_model()
     llm = LLM(model, num_kv_blocks=256, max_num_seqs=40, num_scheduler_steps=8)
-    runner = llm.llm_engine.model_runner
-    launch, checked = runner.launch, []
-
-    def checked_launch(batch):
-        if batch.num_steps and runner.graphs.has(runner.graphs.bucket(len(batch.seqs))):
-            torch.cuda.set_sync_debug_mode("error")
-            try:
-                sampled = launch(batch)
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-            checked.append(batch.num_scheduler_steps)
-            return sampled
-        return launch(batch)
-
-    runner.launch = checked_launch
+    checked = checked_graph_launches(llm.llm_engine.model_runner)
     # min_tokens = max_tokens: the stop-id mask is applied on the device in every step of every launch.
     params = SamplingParams(temperature=1.0, max_tokens=64, min_tokens=64, stop_token_ids=[7], seed=1)
     got = llm.generate(random_prompts(LENGTHS, vocab=MEDIUM["vocab_size"]), params)
     assert len(checked) >= 4 and max(checked) == 8
     assert all(len(o.outputs[0].token_ids) == 64 for o in got)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_scheduler_steps", [1, 8])
+def test_graph_launches_equal_eager_launches_across_buckets(num_scheduler_steps):
+    # Whole decode launches as graphs (the model, logits, sampler and sampled-id writes of all k steps; padding rows
+    # in bucket-strided rows) against the same launches run eagerly, same seeds, in bf16: greedy, seeded sampling on
+    # the fused Triton path, and on the reference path (top-k / top-p); min_tokens with a stop id (the stop mask);
+    # max_tokens spread so the batch shrinks from bucket 16 through 8, 4 and smaller mid-run, async scheduling.
+    _, model = cuda_model()
+    prompts = random_prompts(LENGTHS + LENGTHS[:6], vocab=MEDIUM["vocab_size"], seed=3)
+    common = [dict(max_tokens=6 + 5 * i, min_tokens=min(4, 6 + 5 * i), stop_token_ids=[7], seed=i) for i in range(16)]
+    workloads = {
+        "greedy": [SamplingParams(temperature=0.0, **c) for c in common],
+        "triton": [SamplingParams(temperature=1.0, **c) for c in common],
+        "top-k/top-p": [SamplingParams(temperature=0.8, top_k=50, top_p=0.9, **c) for c in common],
+    }
+    kwargs = dict(num_scheduler_steps=num_scheduler_steps, num_kv_blocks=256, max_num_seqs=40)
+    eager = LLM(model, enforce_eager=True, **kwargs)
+    llm = LLM(model, **kwargs)
+    runner = llm.llm_engine.model_runner
+    for name, params in workloads.items():
+        expected = [o.outputs[0] for o in eager.generate(prompts, params)]
+        got = [o.outputs[0] for o in llm.generate(prompts, params)]
+        assert [c.token_ids for c in got] == [c.token_ids for c in expected], name
+        assert [c.finish_reason for c in got] == [c.finish_reason for c in expected], name
+        for g, e in zip(got, expected, strict=True):
+            assert g.logprobs == pytest.approx(e.logprobs, abs=2e-2), name
+    shapes = runner.graphs.graphs
+    assert {s.num_rows for s in shapes} >= {16, 8, 4} and len({s.num_rows for s in shapes}) >= 4
+    assert {s.has_stop_mask for s in shapes} == {True, False}
+    assert {(s.all_greedy, s.any_top_k, s.any_top_p) for s in shapes} == {
+        (True, False, False),
+        (False, False, False),
+        (False, True, True),
+    }
+    if num_scheduler_steps > 1:
+        assert llm.stats.num_decode_steps > 2 * llm.stats.num_steps
+        assert max(s.num_steps for s in shapes) == num_scheduler_steps

@@ -13,6 +13,7 @@ BENCHMARKS = {
     "logprob": "nonstop.bench.logprob",
     "modes": "nonstop.bench.modes",
     "engine-host": "nonstop.bench.engine_host",
+    "launch-ops": "nonstop.bench.launch_ops",
     "phases": "nonstop.bench.phases",
     "prefix": "nonstop.bench.prefix",
     "rollout": "nonstop.bench.rollout",

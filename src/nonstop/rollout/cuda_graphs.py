@@ -1,19 +1,25 @@
-"""CUDA graphs for decode steps: the whole model forward replayed with one launch.
+"""CUDA graphs for decode-only launches: a launch's whole device work replayed with one launch.
 
-A decode step of a small model is hundreds of tiny kernels; launching them from Python costs more than running
-them. Graphs are captured per bucketed batch size (1, 2, 4, 8, 16, then multiples of 16 up to `max_num_seqs`)
-and their static inputs ARE the leading rows of the runner's persistent device buffer (`StepBuffers.dev`), so a
-replay copies nothing: the step's one upload has already put the inputs there. A batch of N sequences replays the
-smallest bucket >= N, its padding rows (filled by `ModelRunner._prepare`) writing their KV into the runner's scratch
-block and attending to one token there. Capture is lazy, per bucket (the first decode step that needs it), and the
-graphs hold the KV cache's, the parameters' and the step buffer's addresses: weight updates copy in place, the step
-buffer lives as long as the runner, and graphs survive a `release`/`resume` of the KV cache when the new cache lands
-at the old address (they are dropped when it does not).
+A decode step of a small model is hundreds of tiny kernels, and its sampling tail (logits, temperature, top-k/top-p,
+the counter-based noise, log-probs, the writes of the sampled ids) dozens more; launching them from Python costs more
+than running them. A graph captures `ModelRunner.decode_launch` — the K steps of a multi-step launch, each the
+model, the logits, the sampler and the writes, the steps chained by the on-device input advance — so a launch is
+one replay whatever K is. Its static inputs ARE the leading rows of the runner's persistent device buffer
+(`StepBuffers.dev`), `sampled_ids` and `stop_mask_RV`, and its outputs are written into `sampled_ids` and the sampled
+buffer, so a replay copies nothing: the step's one upload has already put the inputs there.
 
-With cascade attention (rollout/cascade.py) a bucket has one graph per prefix-tile size (`cascade_rows`, a launch
-constant of the prefix kernel; 0 for the plain paged decode), captured on first use like the others: a rollout of
-fixed group size uses one. The plan's per-row fields and work list are static inputs too, in the same step buffer;
-the prefix kernel's grid is the bucket's `ModelRunner.cascade_grid`, its unused work items idle.
+Batch sizes are bucketed (1, 2, 4, 8, 16, then multiples of 16 up to `max_num_seqs`): a batch of N sequences replays
+the smallest bucket >= N, its padding rows (`ModelRunner.pad_rows`) writing their KV into the runner's scratch block
+and sampling greedily into rows nobody reads (the launch's rows are bucket-strided: step j's row i at j * bucket + i).
+A graph is keyed by everything on the host that changes the captured work (`LaunchShape`): the bucket, K, the cascade
+prefix kernel's tile rows and grid, whether a min_tokens stop mask exists, and the sampler's flags (all greedy, any
+top-k, any top-p, which pick its code path). An RL rollout of one sampling config uses a few: its buckets at full K,
+and the shorter K of launches where every sequence is within K tokens of its max_tokens.
+
+Capture is lazy, per shape (the first launch that needs it), and the graphs hold the KV cache's, the parameters' and
+the runner's buffers' addresses: weight updates copy in place, the buffers live as long as the runner, and graphs
+survive a `release`/`resume` of the KV cache when the new cache lands at the old address (they are dropped when it
+does not).
 """
 
 from __future__ import annotations
@@ -22,12 +28,9 @@ import bisect
 from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor
-
-from nonstop.rollout.paged_attention import AttentionMetadata, PagedAttention
 
 if TYPE_CHECKING:
-    from nonstop.rollout.model_runner import ModelRunner
+    from nonstop.rollout.model_runner import LaunchShape, ModelRunner
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -39,9 +42,8 @@ class DecodeGraphs:
     def __init__(self, runner: ModelRunner, max_num_seqs: int):
         self.runner = runner
         self.batch_sizes = graph_batch_sizes(max_num_seqs)
-        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (bucket, cascade_rows) -> graph
+        self.graphs: dict[LaunchShape, torch.cuda.CUDAGraph] = {}
         self.pool = None
-        self.hidden_ND: Tensor | None = None
         self.kv_ptr: int | None = None  # the KV cache address the graphs hold
         self.num_captures = 0
 
@@ -53,65 +55,52 @@ class DecodeGraphs:
 
     def clear(self) -> None:
         self.graphs.clear()
-        self.pool, self.hidden_ND, self.kv_ptr = None, None, None
+        self.pool, self.kv_ptr = None, None
 
-    def has(self, bucket: int, cascade_rows: int = 0) -> bool:
-        return (bucket, cascade_rows) in self.graphs
+    def has(self, shape: LaunchShape) -> bool:
+        return shape in self.graphs
 
     def kv_cache_moved(self, kv_ptr: int) -> bool:
         """Whether graphs exist that captured a KV cache at another address (they must not be replayed)."""
         return self.kv_ptr is not None and self.kv_ptr != kv_ptr
 
-    def capture(self, bucket: int, cascade_rows: int = 0) -> None:
-        """Capture one bucket, the first time a decode step needs it: an RL rollout of fixed group sizes uses one or
-        a few buckets, so capturing all of them after every `resume` would cost more than it saves. It overwrites
-        the step buffer's first `bucket` decode rows: call it before a step's upload. `cascade_rows` > 0 captures the
-        cascade decode attention with prefix tiles of that many rows."""
-        r, dev = self.runner, self.runner.device
+    def capture(self, shape: LaunchShape) -> None:
+        """Capture one launch shape, the first time a launch needs it: an RL rollout uses a few, so capturing every
+        possible one after every `resume` would cost more than it saves. It overwrites the step buffer's first
+        `shape.num_rows` decode rows: call it before a launch's upload."""
+        r = self.runner
         b = r.buffers.dev
         # Capture-time inputs: every row a padding row, so the warm-up and capture write only the scratch block.
-        b["input_ids"][:bucket].zero_()
-        b["prev_row"][:bucket].fill_(-1)
-        b["positions"][:bucket].zero_()
-        b["slot_mapping"][:bucket].fill_(r.scratch_block * r.block_size)
-        b["context_lens"][:bucket].fill_(1)
-        b["block_tables"][:bucket].fill_(r.scratch_block)
-        cascade = None
-        if cascade_rows:
+        r.pad_rows(b, 0, shape.num_rows)
+        if shape.cascade_rows:
             # No row in a tile, every work item idle: the capture's attention is the suffix over the scratch block.
-            grid = r.cascade_grid(bucket)
             for name in ("cascade_members", "cascade_prefix_lens", "cascade_prefix_parts"):
-                b[name][:bucket].zero_()
-            b["cascade_work"][:grid].zero_()
-            cascade = r.cascade_metadata(b, bucket, cascade_rows, grid)
-        if self.hidden_ND is None:
-            self.hidden_ND = torch.zeros(self.batch_sizes[-1], r.config.hidden_size, dtype=r.dtype, device=dev)
-        md = AttentionMetadata(
-            slot_mapping_T=b["slot_mapping"][:bucket], num_prefill_tokens=0, cu_seqlens_q=[0], cu_seqlens_k=[0],
-            cu_seqlens_q_t=None, cu_seqlens_k_t=None, context_slots_C=None,
-            block_tables_NM=b["block_tables"][:bucket], context_lens_N=b["context_lens"][:bucket], cascade=cascade,
-        )  # fmt: skip
-        backend = PagedAttention(r.k_caches, r.v_caches, md)
-        positions = b["positions"][:bucket]
-        # warm-up: Triton autotuning and lazy inits happen outside capture
-        r.model(r.decode_input_ids(bucket), positions, backend)
-        torch.cuda.synchronize(dev)
-        graph = torch.cuda.CUDAGraph()
-        # One memory pool for all buckets: graphs replay one at a time, so they can share it. thread_local: in the
-        # overlap modes the trainer thread keeps allocating and launching on its own stream while the rollouter
-        # thread captures; "global" would make those calls fail during the capture.
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            # The input-id gather is captured too: a replay reads the previous step's samples on the device.
-            self.hidden_ND[:bucket] = r.model(r.decode_input_ids(bucket), positions, backend)
-        if self.pool is None:
-            self.pool = graph.pool()
-        self.graphs[bucket, cascade_rows] = graph
+                b[name][: shape.num_rows] = 0
+            b["cascade_work"][: shape.cascade_work] = 0
+        # The warm-up (Triton autotuning and lazy inits happen outside capture) samples into `sampled_ids`, where the
+        # launch being captured for reads the ids of the launch still in flight: put them back after it.
+        in_flight_ids = r.sampled_ids.clone()
+        r.decode_launch(shape)
+        self.graphs[shape] = self._record(shape)
+        r.sampled_ids.copy_(in_flight_ids)
         self.kv_ptr = r.k_caches[0].data_ptr()
         self.num_captures += 1
-        torch.cuda.synchronize(dev)
 
-    def replay(self, num_seqs: int, bucket: int, cascade_rows: int = 0) -> Tensor:
-        """Runs the `bucket` graph on the inputs already uploaded to the step buffer; the first `num_seqs` rows of
-        the hidden states are the batch's."""
-        self.graphs[bucket, cascade_rows].replay()
-        return self.hidden_ND[:num_seqs]
+    def _record(self, shape: LaunchShape) -> torch.cuda.CUDAGraph:
+        device = self.runner.device
+        torch.cuda.synchronize(device)
+        graph = torch.cuda.CUDAGraph()
+        # One memory pool for all graphs: they replay one at a time and keep nothing in it between replays (their
+        # outputs are the runner's own buffers), so they can share it. thread_local: in the overlap modes the trainer
+        # thread keeps allocating and launching on its own stream while the rollouter thread captures; "global"
+        # would make those calls fail during the capture.
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            self.runner.decode_launch(shape)
+        if self.pool is None:
+            self.pool = graph.pool()
+        torch.cuda.synchronize(device)
+        return graph
+
+    def replay(self, shape: LaunchShape) -> None:
+        """Runs the launch on the inputs already uploaded to the step buffer."""
+        self.graphs[shape].replay()

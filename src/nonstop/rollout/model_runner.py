@@ -23,18 +23,24 @@ steps back to back on the device — the model (or its CUDA graph) k times, each
 previous one by small device ops (`_advance_decode_inputs`) — and returns all k × S sampled ids and log-probs in one
 device-to-host copy into reused pinned buffers (`SampledBuffers`): no host round trip and no allocation per step.
 
+A decode-only launch (one sample row per decode row, k >= 1) is one function, `decode_launch`: the k steps' model,
+logits, sampler and writes of the sampled ids and log-probs, reading only persistent buffers. Under CUDA graphs it is
+captured whole, so the host pays one replay per launch instead of tens of small ops per step; elsewhere it runs as
+it is. Other launches (prefill, mixed, group parents) run the model eagerly and sample through the same `_sample`.
+
 CUDA only (`device.type == "cuda"`): the model's q/k/v and gate/up projections are fused (`fuse_projections`), the
 KV cache is sized from `gpu_memory_utilization` after a warm-up forward at `max_num_batched_tokens` measures the
-activation peak, and decode-only steps replay CUDA graphs captured at bucketed batch sizes (each captured lazily at
-the first decode step that needs it; kept across `release_kv_cache` / `allocate_kv_cache` when the cache returns to
-the same address, dropped when it moves, since they hold the cache's addresses). On CPU the cache has a fixed
-byte budget and everything runs eagerly.
+activation peak, and decode-only launches replay CUDA graphs of `decode_launch` at bucketed batch sizes (cuda_graphs.py;
+each captured lazily at the first launch that needs it; kept across `release_kv_cache` / `allocate_kv_cache` when the
+cache returns to the same address, dropped when it moves, since they hold the cache's addresses). On CPU the cache
+has a fixed byte budget and everything runs eagerly.
 """
 
 from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -215,24 +221,26 @@ class StepBuffers:
 class SampledStep:
     """A launched step's sampled token ids and log-probs, row by row, on their way to the host."""
 
-    values_2R: Tensor  # float64 on the host (pinned on CUDA): R ids, then R log-probs; a view of a reused buffer
+    # float64 on the host (pinned on CUDA), step by step: R ids, then R log-probs; a view of a reused buffer.
+    values_K2R: Tensor
     copied: torch.cuda.Event | None  # recorded behind the device-to-host copy; None on CPU
-    rows: np.ndarray | None = None  # multi-step decode: the rows of steps each sequence really runs, in order
+    num_rows: int  # R, rows sampled per step: the sample rows, or the CUDA graph's padded bucket
+    # The rows to return, in order, as indices of the step-major [K * R] grid: the sample rows of a single step, or
+    # those of the steps each sequence of a multi-step launch really runs (never a bucket's padding rows).
+    rows: np.ndarray | slice
 
     def read(self) -> tuple[list[int], list[float]]:
         if self.copied is not None:
             self.copied.synchronize()  # the launch's one host sync: waits for the device to get this far
-        values = self.values_2R.numpy()
-        R = len(values) // 2
-        ids, logprobs = values[:R], values[R:]
-        if self.rows is not None:
-            ids, logprobs = ids[self.rows], logprobs[self.rows]
+        values_K2R = self.values_K2R.numpy().reshape(-1, 2, self.num_rows)
+        ids, logprobs = values_K2R[:, 0].reshape(-1)[self.rows], values_K2R[:, 1].reshape(-1)[self.rows]
         return ids.astype(np.int64).tolist(), logprobs.tolist()
 
 
 class SampledBuffers:
-    """Where every launch leaves its sampled ids and log-probs: one device buffer, written step by step, and two
-    host buffers (pinned on CUDA) that take its one device-to-host copy alternately — no allocation per step.
+    """Where every launch leaves its sampled ids and log-probs: one device buffer, written step by step (step j's R
+    ids, then its R log-probs), and two host buffers (pinned on CUDA) that take its one device-to-host copy
+    alternately — no allocation per step.
 
     A host buffer is written again two launches later; the engine reads a launch's values (`SampledStep.read`, which
     copies them out) before it launches the next-but-one, since at most one launch is in flight unread."""
@@ -245,19 +253,36 @@ class SampledBuffers:
         self.copied = [torch.cuda.Event() if pinned else None for _ in range(2)]
         self.current = 1
 
-    def write(self, first_row: int, num_rows_total: int, tokens_S: Tensor, logprobs_S: Tensor) -> None:
-        S = tokens_S.shape[0]
-        self.values_2R[first_row : first_row + S].copy_(tokens_S)
-        self.values_2R[num_rows_total + first_row : num_rows_total + first_row + S].copy_(logprobs_S)
+    def write(self, step: int, tokens_R: Tensor, logprobs_R: Tensor) -> None:
+        """Step `step`'s R rows: at a fixed place for a given (step, R), so a CUDA graph can capture the write."""
+        R = tokens_R.shape[0]
+        values_2R = self.values_2R[2 * step * R : 2 * (step + 1) * R].view(2, R)
+        values_2R[0].copy_(tokens_R)
+        values_2R[1].copy_(logprobs_R)
 
-    def read_back(self, num_rows_total: int, rows: np.ndarray | None) -> SampledStep:
+    def read_back(self, num_steps: int, num_rows: int, rows: np.ndarray | slice) -> SampledStep:
         self.current ^= 1
-        host = self.host[self.current][: 2 * num_rows_total]
-        host.copy_(self.values_2R[: 2 * num_rows_total], non_blocking=True)
+        n = 2 * num_steps * num_rows
+        host = self.host[self.current][:n]
+        host.copy_(self.values_2R[:n], non_blocking=True)
         event = self.copied[self.current]
         if event is not None:
             event.record(torch.cuda.current_stream(self.device))
-        return SampledStep(host, event, rows)
+        return SampledStep(host, event, max(num_rows, 1), rows)
+
+
+class LaunchShape(NamedTuple):
+    """The host-side facts that fix a launch's device work once its inputs are uploaded: a decode-only launch with
+    the same shape runs the same kernels on the same buffers, so it is what its CUDA graph is keyed by."""
+
+    num_rows: int  # R, rows computed and sampled per step: the sample rows, or the CUDA graph's padded bucket
+    num_steps: int  # K, decode steps chained in the launch
+    cascade_rows: int  # the cascade prefix kernel's tile rows (0: paged decode)
+    cascade_work: int  # its work items
+    has_stop_mask: bool  # some row is short of its min_tokens and has stop ids to ban
+    all_greedy: bool
+    any_top_k: bool
+    any_top_p: bool
 
 
 @dataclass
@@ -315,6 +340,9 @@ class ModelRunner:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.gpu_memory_utilization = gpu_memory_utilization
+        # Per sample row, the tokens min_tokens bans this launch: a persistent buffer, so CUDA graphs read it in place.
+        # Before the KV cache is sized, which counts it as used memory.
+        self.stop_mask_RV = torch.zeros(max_num_seqs, model.config.vocab_size, dtype=torch.bool, device=self.device)
         self.num_kv_blocks = num_kv_blocks if num_kv_blocks is not None else self._default_num_blocks()
         if self.num_kv_blocks < 1:
             raise ValueError(
@@ -344,6 +372,9 @@ class ModelRunner:
         self.sampled_ids = torch.zeros(num_scheduler_steps * max_num_seqs, dtype=torch.int64, device=self.device)
         self.sampled = SampledBuffers(num_scheduler_steps * max_num_seqs, self.device)
         self.row_arange = torch.arange(max_num_seqs, dtype=torch.int64, device=self.device)
+        # The last multi-step launch's sample rows per step, as the scheduler numbers them (its placeholders) and as
+        # they sit in `sampled_ids` (a CUDA graph's padded bucket); None after a single step, whose rows are the same.
+        self.in_flight_rows: tuple[int, int] | None = None
         use_graphs = self.device.type == "cuda" and not enforce_eager
         self.graphs = DecodeGraphs(self, max_num_seqs) if use_graphs else None
 
@@ -486,6 +517,12 @@ class ModelRunner:
             prev_row_D = host["prev_row"][:D]
             np.subtract(-1, ids_D, out=prev_row_D)  # placeholder -> its sample row; known ids -> below -1
             np.maximum(prev_row_D, -1, out=prev_row_D)
+            if self.in_flight_rows is not None and self.in_flight_rows[0] != self.in_flight_rows[1]:
+                # The launch in flight ran a padded bucket of R rows per step: its row j * S + i is at j * R + i.
+                S, R = self.in_flight_rows
+                pending = prev_row_D >= 0
+                step_P, seq_P = np.divmod(prev_row_D[pending], S)
+                prev_row_D[pending] = step_P * R + seq_P
             host["positions"][:D] = pos_D
             slot_D = host["slot_mapping"][:D]
             np.multiply(table_RM[row_D, pos_D // B], B, out=slot_D, dtype=np.int64)
@@ -493,19 +530,25 @@ class ModelRunner:
             np.add(pos_D, 1, out=host["context_lens"][:D])
             host["num_steps"][:D] = batch.num_steps if batch.num_steps else 1
             host["block_tables"][:D, :width] = table_RM[row_D, :width]
-            if not prefill and self.graphs is not None and self.graphs.fits(D):
-                # Rows padding the batch to its graph's size write their KV into the scratch block.
+            one_row_each = min(batch.num_sample_rows) == 1 == max(batch.num_sample_rows)
+            if not prefill and one_row_each and self.graphs is not None and self.graphs.fits(D):
                 plan.use_graph, plan.bucket = True, self.graphs.bucket(D)
-                host["input_ids"][D : plan.bucket] = 0
-                host["prev_row"][D : plan.bucket] = -1
-                host["positions"][D : plan.bucket] = 0
-                host["slot_mapping"][D : plan.bucket] = self.scratch_block * B
-                host["context_lens"][D : plan.bucket] = 1
-                host["block_tables"][D : plan.bucket, 0] = self.scratch_block
+                self.pad_rows(host, D, plan.bucket)
             if self.cascade_attention is not False:
                 self._stage_cascade(host, table_RM[row_D, :width], pos_D + 1, plan)
         plan.last_index = last_index
         return plan
+
+    def pad_rows(self, fields: dict, start: int, end: int) -> None:
+        """Rows [start, end) of the step buffer's fields (staging numpy views or device views) as rows padding a
+        batch to its CUDA graph's bucket: they decode token 0 at position 0 for one step, writing their KV into the
+        scratch block, and sample greedily from it into rows nobody reads."""
+        scratch_slot = self.scratch_block * self.block_size
+        for name, value in (("input_ids", 0), ("prev_row", -1), ("positions", 0), ("slot_mapping", scratch_slot),
+                            ("context_lens", 1), ("num_steps", 1), ("temperature", 0), ("top_k", 0), ("top_p", 1),
+                            ("position", 0), ("min_tokens", 0)):  # fmt: skip
+            fields[name][start:end] = value
+        fields["block_tables"][start:end, 0] = self.scratch_block
 
     def cascade_grid(self, bucket: int) -> int:
         """Prefix work items a CUDA graph of `bucket` rows launches: room for any plan of that many rows (at most
@@ -588,16 +631,17 @@ class ModelRunner:
         V = self.config.vocab_size
         plan.banned = [(s, t) for s in short.tolist() for t in r.stop_token_ids[prow_S[s]] if t < V]
 
-    def _stop_mask(self, plan: StepPlan) -> Tensor | None:
+    def _stage_stop_mask(self, plan: StepPlan, num_rows: int) -> None:
+        """The launch's min_tokens bans into the first `num_rows` rows of `stop_mask_RV` (padding rows ban nothing)."""
         if not plan.banned:
-            return None
+            return
         V = self.config.vocab_size
         flat = self._to_device(np.asarray([row * V + token for row, token in plan.banned], dtype=np.int64))
-        stop_mask = torch.zeros(plan.num_sample_rows, V, dtype=torch.bool, device=self.device)
+        stop_mask = self.stop_mask_RV[:num_rows]
+        stop_mask.zero_()
         # index_fill_ takes the value as a scalar argument; `mask[rows, tokens] = True` copies a host tensor(True) to
         # the device, a synchronizing copy (the H200's sync debug mode caught it).
         stop_mask.view(-1).index_fill_(0, flat, True)
-        return stop_mask
 
     def _advance_decode_inputs(self, step: int, num_rows: int) -> None:
         """Multi-step decode: turn the device buffer's decode rows from step `step - 1`'s inputs into step `step`'s,
@@ -615,26 +659,27 @@ class ModelRunner:
         dev["slot_mapping"][:D].copy_(slot_D)
         torch.add(self.row_arange[:D], (step - 1) * D, out=dev["prev_row"][:D])
 
-    def _sampling_tensors(self, plan: StepPlan, dev: dict[str, Tensor], stop_mask_S: Tensor | None, step: int):
-        """Sampling settings of the step's rows; a multi-step launch's step `step` samples `step` positions further
-        on (its noise and min_tokens follow the position)."""
-        S = plan.num_sample_rows
-        position_S, min_tokens_S = dev["position"][:S], dev["min_tokens"][:S]
+    def _sampling_tensors(self, shape: LaunchShape, step: int) -> SamplingTensors:
+        """Sampling settings of the launch's R rows; a multi-step launch's step `step` samples `step` positions
+        further on (its noise and min_tokens follow the position)."""
+        dev, R = self.buffers.dev, shape.num_rows
+        position_R, min_tokens_R = dev["position"][:R], dev["min_tokens"][:R]
+        stop_mask_RV = self.stop_mask_RV[:R] if shape.has_stop_mask else None
         if step:
-            position_S = position_S + step
-            if stop_mask_S is not None:
-                stop_mask_S = stop_mask_S & (position_S < min_tokens_S)[:, None]
+            position_R = position_R + step
+            if stop_mask_RV is not None:
+                stop_mask_RV = stop_mask_RV & (position_R < min_tokens_R)[:, None]
         return SamplingTensors(
-            temperature_N=dev["temperature"][:S],
-            top_k_N=dev["top_k"][:S],
-            top_p_N=dev["top_p"][:S],
-            seed_N=dev["seed"][:S],
-            sample_index_N=dev["sample_index"][:S],
-            position_N=position_S,
-            stop_mask_N=stop_mask_S,
-            all_greedy=plan.all_greedy,
-            any_top_k=plan.any_top_k,
-            any_top_p=plan.any_top_p,
+            temperature_N=dev["temperature"][:R],
+            top_k_N=dev["top_k"][:R],
+            top_p_N=dev["top_p"][:R],
+            seed_N=dev["seed"][:R],
+            sample_index_N=dev["sample_index"][:R],
+            position_N=position_R,
+            stop_mask_N=stop_mask_RV,
+            all_greedy=shape.all_greedy,
+            any_top_k=shape.any_top_k,
+            any_top_p=shape.any_top_p,
         )
 
     def _to_device(self, values, dtype: torch.dtype = torch.int64) -> Tensor:
@@ -652,39 +697,62 @@ class ModelRunner:
         prev_row = dev["prev_row"][:num_rows]
         return torch.where(prev_row >= 0, self.sampled_ids[prev_row.clamp(min=0)], dev["input_ids"][:num_rows])
 
-    def _attention_inputs(self, plan: StepPlan, dev: dict[str, Tensor]) -> tuple[Tensor, Tensor, AttentionMetadata]:
-        D = plan.num_decode
-        ids, positions, slots = self.decode_input_ids(D), dev["positions"][:D], dev["slot_mapping"][:D]
+    def _decode_inputs(self, num_rows: int, cascade_rows: int, cascade_work: int):
+        """Input ids, positions and attention metadata of the first `num_rows` decode rows of the step buffer."""
+        dev, D = self.buffers.dev, num_rows
         md = AttentionMetadata(
-            slot_mapping_T=slots,
-            num_prefill_tokens=plan.num_prefill_tokens,
-            cu_seqlens_q=plan.cu_seqlens_q,
-            cu_seqlens_k=plan.cu_seqlens_k,
+            slot_mapping_T=dev["slot_mapping"][:D],
+            num_prefill_tokens=0,
+            cu_seqlens_q=[0],
+            cu_seqlens_k=[0],
             cu_seqlens_q_t=None,
             cu_seqlens_k_t=None,
             context_slots_C=None,
             block_tables_NM=dev["block_tables"][:D] if D else None,
             context_lens_N=dev["context_lens"][:D] if D else None,
         )
-        if plan.cascade_rows:
-            md.cascade = self.cascade_metadata(dev, D, plan.cascade_rows, plan.cascade_work)
+        if cascade_rows:
+            md.cascade = self.cascade_metadata(dev, D, cascade_rows, cascade_work)
+        return self.decode_input_ids(D), dev["positions"][:D], md
+
+    def _attention_inputs(self, plan: StepPlan) -> tuple[Tensor, Tensor, AttentionMetadata]:
+        ids, positions, md = self._decode_inputs(plan.num_decode, plan.cascade_rows, plan.cascade_work)
         if plan.num_prefill_tokens:
             # Prefill steps are few and compute-bound: their per-token metadata is not staged.
             to_device = self._to_device
+            md.num_prefill_tokens = plan.num_prefill_tokens
+            md.cu_seqlens_q, md.cu_seqlens_k = plan.cu_seqlens_q, plan.cu_seqlens_k
             ids = torch.cat([to_device(plan.prefill_ids), ids])
             positions = torch.cat([to_device(plan.prefill_positions), positions])
-            md.slot_mapping_T = torch.cat([to_device(plan.prefill_slots), slots])
+            md.slot_mapping_T = torch.cat([to_device(plan.prefill_slots), md.slot_mapping_T])
             md.cu_seqlens_q_t = to_device(plan.cu_seqlens_q, torch.int32)
             md.cu_seqlens_k_t = to_device(plan.cu_seqlens_k, torch.int32)
             if plan.context_slots is not None:
                 md.context_slots_C = to_device(plan.context_slots)
         return ids, positions, md
 
-    def _forward(self, plan: StepPlan, dev: dict[str, Tensor]) -> Tensor:
-        if plan.use_graph:
-            return self.graphs.replay(plan.num_decode, plan.bucket, plan.cascade_rows)
-        ids, positions, md = self._attention_inputs(plan, dev)
-        return self.model(ids, positions, PagedAttention(self.k_caches, self.v_caches, md))
+    def _sample(self, hidden_RH: Tensor, shape: LaunchShape, step: int) -> None:
+        """Logits, sampling, and the step's R sampled ids and log-probs into `sampled_ids` and the sampled buffer
+        at rows step * R + i."""
+        R = shape.num_rows
+        tokens_R, logprobs_R = sample(self.model.compute_logits(hidden_RH), self._sampling_tensors(shape, step))
+        self.sampled_ids[step * R : (step + 1) * R].copy_(tokens_R)
+        self.sampled.write(step, tokens_R, logprobs_R)
+
+    def decode_launch(self, shape: LaunchShape) -> None:
+        """A decode-only launch's device work once its inputs are uploaded: K steps of R rows (one sample row per
+        decode row), each the model, the logits, the sampler and the writes of its sampled ids and log-probs, the
+        steps chained by `_advance_decode_inputs`. It reads only persistent buffers (the step buffer's device views,
+        the KV cache, `sampled_ids`, `stop_mask_RV`), syncs nothing and has no shape or branch that depends on a
+        device value: on CUDA it is what `DecodeGraphs` captures (one replay per launch); elsewhere, and with
+        `enforce_eager`, it runs as it is — the same code either way."""
+        for step in range(shape.num_steps):
+            if step:
+                # No host round trip between the steps: inputs advance on the device, ids come from `sampled_ids`.
+                self._advance_decode_inputs(step, shape.num_rows)
+            ids, positions, md = self._decode_inputs(shape.num_rows, shape.cascade_rows, shape.cascade_work)
+            hidden_RH = self.model(ids, positions, PagedAttention(self.k_caches, self.v_caches, md))
+            self._sample(hidden_RH, shape, step)
 
     @torch.inference_mode()
     def launch(self, batch: ScheduledBatch) -> SampledStep:
@@ -695,27 +763,34 @@ class ModelRunner:
         rows_N = self.rows.sync(batch.seqs)
         plan = self._prepare(batch, host, rows_N)
         self._sampling_inputs(batch, host, rows_N, plan)
-        if plan.use_graph and not self.graphs.has(plan.bucket, plan.cascade_rows):
-            # Before the upload: capturing overwrites the buffer's decode rows.
-            self.graphs.capture(plan.bucket, plan.cascade_rows)
-        dev = self.buffers.upload(num_block_table_rows=plan.bucket)  # the launch's one host-to-device copy
         S, K = plan.num_sample_rows, batch.num_scheduler_steps
         assert K <= self.num_scheduler_steps and (K == 1 or S == plan.num_decode == len(batch.seqs))
-        stop_mask_S = self._stop_mask(plan)
-        for step in range(K):
-            if step:
-                # No host round trip between the steps: inputs advance on the device, ids come from `sampled_ids`.
-                self._advance_decode_inputs(step, plan.num_decode)
-            hidden = self._forward(plan, dev)
+        assert plan.rows_in_order or not plan.use_graph
+        # A decode-only launch samples every row of its bucket (padding rows included), any other the sample rows.
+        R = plan.bucket if plan.rows_in_order else S
+        shape = LaunchShape(R, K, plan.cascade_rows, plan.cascade_work, bool(plan.banned), plan.all_greedy,
+                            plan.any_top_k, plan.any_top_p)  # fmt: skip
+        if plan.use_graph and not self.graphs.has(shape):
+            # Before the upload: capturing overwrites the buffer's decode rows.
+            self.graphs.capture(shape)
+        self.buffers.upload(num_block_table_rows=plan.bucket)  # the launch's one host-to-device copy
+        self._stage_stop_mask(plan, R)
+        self.in_flight_rows = (S, R) if K > 1 else None
+        if plan.use_graph:
+            self.graphs.replay(shape)
+        elif plan.rows_in_order:
+            self.decode_launch(shape)
+        else:
+            ids, positions, md = self._attention_inputs(plan)
+            hidden = self.model(ids, positions, PagedAttention(self.k_caches, self.v_caches, md))
             if not S:
-                return SampledStep(torch.empty(0, dtype=torch.float64), None)
-            logits = self.model.compute_logits(hidden[:S] if plan.rows_in_order else hidden[dev["logit_rows"][:S]])
-            tokens, logprobs = sample(logits, self._sampling_tensors(plan, dev, stop_mask_S, step))
-            self.sampled_ids[step * S : (step + 1) * S].copy_(tokens)
-            self.sampled.write(step * S, K * S, tokens, logprobs)
-        rows = None
-        if K > 1:
-            steps_S = np.asarray(batch.num_steps)
-            rows = np.flatnonzero(np.arange(K)[:, None] < steps_S[None, :])  # step-major, as `Scheduler.advance`
+                return SampledStep(torch.empty(0, dtype=torch.float64), None, 1, slice(0, 0))
+            self._sample(hidden[self.buffers.dev["logit_rows"][:S]], shape, 0)
+        if K == 1:
+            rows = slice(0, S)
+        else:
+            steps_R = np.zeros(R, dtype=np.int64)
+            steps_R[:S] = batch.num_steps
+            rows = np.flatnonzero(np.arange(K)[:, None] < steps_R)  # step-major, as `Scheduler.advance` lists them
         # The launch's one device-to-host copy, into a reused buffer; the handle's event says when it has landed.
-        return self.sampled.read_back(K * S, rows)
+        return self.sampled.read_back(K, R, rows)
