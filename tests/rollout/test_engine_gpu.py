@@ -118,6 +118,18 @@ def test_kv_cache_sized_from_gpu_memory_utilization_and_released():
 
 
 @pytest.mark.gpu
+def test_kv_cache_never_exceeds_what_max_num_seqs_sequences_use():
+    _, model = cuda_model()
+    llm = LLM(model, gpu_memory_utilization=0.3, block_size=16, max_num_seqs=4, max_model_len=70)
+    assert llm.llm_engine.model_runner.num_kv_blocks == 4 * 5  # ceil(70 / 16) = 5 blocks per sequence
+    # A full house at max_model_len fits without preemption.
+    params = SamplingParams(max_tokens=60, ignore_eos=True, temperature=0.0)
+    outputs = llm.generate(random_prompts([10, 10, 10, 10], vocab=MEDIUM["vocab_size"]), params)
+    assert [len(o.outputs[0].token_ids) for o in outputs] == [60] * 4
+    assert llm.stats.num_preemptions == 0
+
+
+@pytest.mark.gpu
 def test_graphs_survive_release_resume_only_at_the_same_kv_address():
     _, model = cuda_model()
     prompts = random_prompts(LENGTHS, vocab=MEDIUM["vocab_size"])

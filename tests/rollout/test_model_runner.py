@@ -106,3 +106,19 @@ def test_persistent_rows_stay_exact_through_preemption_forks_prefix_hits_and_abo
     stats = engine.stats
     assert stats.num_preemptions > 0 and stats.num_cached_tokens > 0 and checked[0] > 0
     assert (checked[1] > 0) == async_scheduling
+
+
+def test_kv_cache_is_sized_to_what_max_num_seqs_sequences_of_max_model_len_use():
+    # No explicit size: the cache holds max_num_seqs x ceil(max_model_len / block_size) blocks (the CPU byte budget
+    # is far larger here), and a full house of max_model_len sequences runs in it without preemption.
+    _, model = make_pair("llama", seed=3)
+    engine = LLMEngine(model, EngineArgs(block_size=8, max_num_seqs=3, max_model_len=30))
+    assert engine.model_runner.num_kv_blocks == 3 * 4
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    for i, prompt in enumerate(random_prompts([6, 6, 6], vocab=model.config.vocab_size)):
+        engine.add_request(str(i), prompt, params)
+    lengths = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            lengths[out.request_id] = len(out.outputs[0].token_ids)
+    assert lengths == {"0": 24, "1": 24, "2": 24} and engine.stats.num_preemptions == 0

@@ -43,7 +43,9 @@ class RolloutConfig:
     do_sample: bool = option(True, "Sample; false = greedy")
     ignore_eos: bool = option(False, "Keep generating past EOS up to data.max_response_length")
     gpu_memory_utilization: float = option(
-        0.5, "Fraction of GPU memory the engine may fill (weights + KV cache) while generating"
+        0.5,
+        "Fraction of GPU memory the engine may fill (weights + KV cache) while generating; the KV cache never "
+        "exceeds what max_num_seqs sequences of max_model_len tokens use",
     )
     dtype: str = option("bfloat16", "Dtype of the engine's weights and KV cache")
     max_num_seqs: int = option(256, "Most sequences decoded together")

@@ -47,9 +47,10 @@ class LLM:
         is: its parameters are the engine's (moved to `device` / cast to `dtype` in place only if those are given).
         `device=None` picks CUDA when available; `dtype=None` keeps a given model's dtype and loads paths in bf16 on
         GPU, fp32 on CPU. `num_kv_blocks` overrides the KV cache size (else sized from `gpu_memory_utilization` on
-        GPU, a fixed budget on CPU). `async_scheduling` overlaps each step's host work with the next step on the device
-        (same tokens and log-probs as the synchronous engine, see llm_engine.py). `num_scheduler_steps` runs decode-only
-        steps k at a time on the device (same outputs as k = 1; None = 8 on CUDA, 1 elsewhere; see scheduler.py).
+        GPU, a fixed budget on CPU, and at most what `max_num_seqs` sequences of `max_model_len` tokens use).
+        `async_scheduling` overlaps each step's host work with the next step on the device (same tokens and log-probs
+        as the synchronous engine, see llm_engine.py). `num_scheduler_steps` runs decode-only steps k at a time on the
+        device (same outputs as k = 1; None = 8 on CUDA, 1 elsewhere; see scheduler.py).
         `cascade_attention` (True, False, "auto") reads a shared prompt prefix once per decode step for all the
         sequences sharing it (rollout/cascade.py)."""
         if isinstance(dtype, str):

@@ -396,10 +396,13 @@ class ModelRunner:
         return self.num_kv_blocks
 
     def _default_num_blocks(self) -> int:
+        """What the memory allows, but never more than `max_num_seqs` sequences of `max_model_len` can hold at once:
+        blocks past that would only keep evictable prefix-cache entries, while costing memory and, when the trainer
+        releases and re-takes the cache every step (`free_cache_engine`), allocation time."""
+        enough = self.max_num_seqs * -(-self.max_model_len // self.block_size)
         if self.device.type != "cuda":
-            enough = self.max_num_seqs * -(-self.max_model_len // self.block_size)
             return min(CPU_KV_CACHE_BYTES // self.kv_block_bytes, enough)
-        return self._profile_num_blocks()
+        return min(self._profile_num_blocks(), enough)
 
     @torch.inference_mode()
     def _profile_num_blocks(self) -> int:
