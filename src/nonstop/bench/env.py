@@ -32,12 +32,15 @@ def copy_bandwidth(device: torch.device, num_bytes: int = 2 << 30) -> float:
 
 
 def _git_commit() -> str | None:
-    """HEAD here, or NONSTOP_GIT_COMMIT where the tree was copied without its .git (the GPU machine)."""
+    """NONSTOP_GIT_COMMIT when set (the GPU machine's copy of the tree carries a stale .git: its HEAD is not the code
+    that runs), else HEAD here."""
+    if os.environ.get("NONSTOP_GIT_COMMIT"):
+        return os.environ["NONSTOP_GIT_COMMIT"]
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     except OSError:
         commit = ""
-    return commit or os.environ.get("NONSTOP_GIT_COMMIT")
+    return commit or None
 
 
 def environment(device: torch.device | None = None) -> dict:

@@ -12,6 +12,7 @@ BENCHMARKS = {
     "lora": "nonstop.bench.lora",
     "logprob": "nonstop.bench.logprob",
     "modes": "nonstop.bench.modes",
+    "parity": "nonstop.bench.parity",
     "engine-host": "nonstop.bench.engine_host",
     "launch-ops": "nonstop.bench.launch_ops",
     "phases": "nonstop.bench.phases",
