@@ -12,6 +12,9 @@
 #            on BASE_SRC
 #   retest   GPU tests not yet run alone (engine, async, cascade engine, critic prefix grouping, critic, resume)
 #   trainer  GRPO step vs TRL 1.16 (issue 4), plus nonstop with resident KV and k = 8 in the same run
+#   trainer_profile  nonstop's side alone (resident KV, k = 8), step 5 under the torch profiler: the profile summary
+#            (per-phase kernel-busy, gaps, top kernels) and the doctor's report, to see what a decode step at 64
+#            sequences spends
 #   prefix_step  issue 8's whole GRPO step at 4K prompts x 8: ungrouped / grouped / grouped + cascade decode
 #   logprob  fused log-prob/entropy kernels
 #   modes    sync / one_step_off / async on one GPU (issue 7);  lora  LoRA vs full fine-tuning (issue 9)
@@ -42,6 +45,12 @@ for step in ${STEPS:-tests rollout}; do case $step in
     fi
     t b_rollout 120 python3 -m nonstop bench rollout --shapes qwen2.5-0.5b --workloads fixed --num-scheduler-steps 1,8 \
       --out "$OUT/rollout.json" ;;
+  trainer_profile)
+    t b_trainer_profile 150 python3 -m nonstop bench trainer --sides nonstop --work-dir /tmp/btp --override \
+      actor_rollout_ref.rollout.free_cache_engine=False actor_rollout_ref.rollout.num_scheduler_steps=8 \
+      "global_profiler.steps=[5]" global_profiler.tool=torch --out "$OUT/trainer-profile.json"
+    cp /tmp/btp/nonstop_run/profile/summary.json "$OUT/trainer-profile-summary.json"
+    t b_doctor 60 python3 -m nonstop doctor /tmp/btp/nonstop_run ;;
   engine_ab)
     if ! gpu_test t_engine 150 tests/rollout/test_engine_gpu.py tests/rollout/test_cascade_engine.py; then
       echo "engine tests failed: the steps after this one run on $BASE_SRC"; export PYTHONPATH=/tmp/site:$PWD/$BASE_SRC
