@@ -65,6 +65,14 @@ def test_parity_runs_each_mode_and_async_at_staleness_zero_equals_sync(tmp_path)
     assert not list((tmp_path / "work" / "sync").glob("**/checkpoints/*"))  # parity runs save nothing
 
 
+def test_multi_rank_configs_are_refused_not_run_on_one_rank(tmp_path):
+    # `nonstop train` would launch two ranks for this config; parity must not train it on one and report that.
+    argv = ["--steps", "1", "--modes", "sync", "--out", str(tmp_path / "out"), "--work-dir", str(tmp_path / "work")]
+    with pytest.raises(ValueError, match="2 ranks"):
+        parity.main([*tiny_overrides(tmp_path), "trainer.n_gpus_per_node=2", *argv])
+    assert not (tmp_path / "work" / "sync" / "metrics.jsonl").exists()
+
+
 def test_mode_overrides_are_checked():
     with pytest.raises(SystemExit):
         parity.parse_args(["--mode-override", "asink", "a=b"])

@@ -111,6 +111,14 @@ def run_mode(mode: str, work: Path, args: argparse.Namespace) -> list[dict[str, 
     run_dir = work / mode
     # As `nonstop train` reads them: no config and no data.train_files = the embedded default run.
     config = config_from_args([*([args.config] if args.config else []), *mode_overrides(mode, run_dir, args)])
+    # `nonstop train` launches n_gpus_per_node x nnodes ranks; this process would train the config on one rank and
+    # report it as that config's curve.
+    num_ranks = (config.trainer.n_gpus_per_node or 1) * config.trainer.nnodes
+    if num_ranks > 1:
+        raise ValueError(
+            f"{mode}: the config trains on {num_ranks} ranks (trainer.n_gpus_per_node x trainer.nnodes); "
+            "nonstop bench parity runs one process: give a one-rank config"
+        )
     samples_per_step = config.data.train_batch_size * config.actor_rollout_ref.rollout.n
     trainer = build_trainer(config, console=False)
     try:
