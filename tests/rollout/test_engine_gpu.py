@@ -130,6 +130,13 @@ def test_kv_cache_never_exceeds_what_max_num_seqs_sequences_use():
 
 
 @pytest.mark.gpu
+def test_multi_step_decode_is_the_cuda_default():
+    _, model = cuda_model()
+    assert LLM(model, num_kv_blocks=64).llm_engine.num_scheduler_steps == 8
+    assert LLM(model, num_kv_blocks=64, num_scheduler_steps=1).llm_engine.num_scheduler_steps == 1
+
+
+@pytest.mark.gpu
 def test_graphs_survive_release_resume_only_at_the_same_kv_address():
     _, model = cuda_model()
     prompts = random_prompts(LENGTHS, vocab=MEDIUM["vocab_size"])
@@ -193,9 +200,9 @@ def test_async_scheduling_equals_sync_under_cuda_graphs(tight):
     prompts = random_prompts(LENGTHS, vocab=MEDIUM["vocab_size"])
     kwargs = dict(num_kv_blocks=40, block_size=16, max_num_batched_tokens=64) if tight else dict(num_kv_blocks=256)
     for params in async_vs_sync_params(model, prompts, max_num_seqs=40, **kwargs):
-        sync = LLM(model, async_scheduling=False, max_num_seqs=40, **kwargs)
+        sync = LLM(model, async_scheduling=False, max_num_seqs=40, num_scheduler_steps=1, **kwargs)
         expected = [c for o in sync.generate(prompts, params) for c in o.outputs]
-        llm = LLM(model, max_num_seqs=40, **kwargs)
+        llm = LLM(model, max_num_seqs=40, num_scheduler_steps=1, **kwargs)
         got = [c for o in llm.generate(prompts, params) for c in o.outputs]
         engine = llm.llm_engine
         assert engine.model_runner.graphs.graphs and engine.in_flight is None
@@ -243,7 +250,7 @@ def test_async_decode_launch_never_waits_for_the_device():
     # one), so the host builds step k+1 while the device runs step k. Both sampler paths: the fused Triton one and
     # the reference one (top-k / top-p), each captured in the launch's graph.
     _, model = cuda_model()
-    llm = LLM(model, num_kv_blocks=256, max_num_seqs=40)
+    llm = LLM(model, num_kv_blocks=256, max_num_seqs=40, num_scheduler_steps=1)  # k = 8: the multi-step test below
     checked = checked_graph_launches(llm.llm_engine.model_runner)
     for top_k in (-1, 20):
         params = SamplingParams(temperature=1.0, top_k=top_k, max_tokens=32, seed=1, ignore_eos=True)

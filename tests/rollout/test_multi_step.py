@@ -126,3 +126,10 @@ def test_no_chaining_while_a_prompt_is_in_the_batch():
     batch = decode_one(s)  # b is admitted: a decodes one token beside b's prompt
     assert batch.num_new_tokens == [1, 9] and batch.num_steps is None
     assert decode_one(s).num_steps == [4, 4]
+
+
+def test_the_cpu_default_is_one_step_per_launch(model):
+    # 8 on CUDA (a GPU test); on CPU nothing is queued ahead of the host, so chaining steps gains nothing.
+    llm = LLM(model, num_kv_blocks=64)
+    llm.generate(random_prompts([5, 9]), SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
+    assert llm.llm_engine.num_scheduler_steps == 1 and not ran_multi_step(llm.stats)

@@ -57,8 +57,8 @@ class RolloutConfig:
     cudagraph_capture_sizes: list[int] | None = option(None, "Decode batch sizes captured as CUDA graphs; null = auto")
     num_scheduler_steps: int | None = option(
         None,
-        "(nonstop) Decode steps chained on the device per engine step when only decoding; null = 1. k > 1 is "
-        "experimental on CUDA: same outputs, but slower than k = 1 on the H200 so far (docs/architecture.md)",
+        "(nonstop) Decode steps chained on the device per engine step when only decoding (same outputs as 1); "
+        "null = 8 on CUDA, 1 on CPU (docs/architecture.md)",
     )
     cascade_attention: bool | str = option(
         False,

@@ -82,11 +82,18 @@ class _InFlight:
     rows: SampledRows  # per sample row: the sequence and the index of its placeholder
 
 
+# Multi-step decode's default on CUDA. On the H200 (Qwen2.5-0.5B shape, whole-launch CUDA graphs) k = 8 gave 124k vs
+# 120k tok/s at batch 256 and a 3.5% shorter GRPO step at 64 sequences than k = 1 (bench/results/README.md,
+# 2026-12-01 second session); on CPU there is no device queue to keep ahead of, so 1.
+CUDA_NUM_SCHEDULER_STEPS = 8
+
+
 class LLMEngine:
     def __init__(self, model: CausalLM, args: EngineArgs, tokenizer=None):
         self.model, self.args, self.tokenizer = model, args, tokenizer
         self.max_model_len = args.max_model_len or model.config.max_position_embeddings
-        self.num_scheduler_steps = args.num_scheduler_steps or 1
+        on_cuda = next(model.parameters()).device.type == "cuda"
+        self.num_scheduler_steps = args.num_scheduler_steps or (CUDA_NUM_SCHEDULER_STEPS if on_cuda else 1)
         self.model_runner = ModelRunner(
             model,
             block_size=args.block_size,
