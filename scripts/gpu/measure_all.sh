@@ -11,7 +11,7 @@
 #            k = 1 and 8 on both (transformers only on the tree's side); if the tests fail, the steps after it run
 #            on BASE_SRC
 #   retest   GPU tests not yet run alone (engine, async, cascade engine, critic prefix grouping, critic, resume)
-#   trainer  GRPO step vs TRL 1.16 (issue 4), plus nonstop with resident KV and k = 8 in the same run
+#   trainer  GRPO step vs TRL 1.16 (issue 4), plus nonstop with k = 1 and with the KV cache resident in the same run
 #   trainer_profile  nonstop's side alone (resident KV, k = 8), step 5 under the torch profiler: the profile summary
 #            (per-phase kernel-busy, gaps, top kernels) and the doctor's report, to see what a decode step at 64
 #            sequences spends
@@ -47,8 +47,7 @@ for step in ${STEPS:-tests rollout}; do case $step in
       --out "$OUT/rollout.json" ;;
   trainer_profile)
     t b_trainer_profile 150 python3 -m nonstop bench trainer --sides nonstop --work-dir /tmp/btp --override \
-      actor_rollout_ref.rollout.free_cache_engine=False actor_rollout_ref.rollout.num_scheduler_steps=8 \
-      "global_profiler.steps=[5]" global_profiler.tool=torch --out "$OUT/trainer-profile.json"
+      actor_rollout_ref.rollout.free_cache_engine=False "global_profiler.steps=[5]" global_profiler.tool=torch --out "$OUT/trainer-profile.json"
     cp /tmp/btp/nonstop_run/profile/summary.json "$OUT/trainer-profile-summary.json"
     t b_doctor 60 python3 -m nonstop doctor /tmp/btp/nonstop_run ;;
   engine_ab)
@@ -60,8 +59,8 @@ for step in ${STEPS:-tests rollout}; do case $step in
     t b_rollout 150 python3 -m nonstop bench rollout --shapes qwen2.5-0.5b --workloads fixed --num-scheduler-steps 1,8 \
       --out "$OUT/rollout.json" ;;
   trainer) t b_trainer 240 python3 -m nonstop bench trainer \
-    --variant k8 actor_rollout_ref.rollout.num_scheduler_steps=8 \
-    --variant resident_k8 actor_rollout_ref.rollout.free_cache_engine=False actor_rollout_ref.rollout.num_scheduler_steps=8 \
+    --variant k1 actor_rollout_ref.rollout.num_scheduler_steps=1 \
+    --variant resident actor_rollout_ref.rollout.free_cache_engine=False \
     --out "$OUT/trainer.json" ;;
   prefix_step)  # issue 8's whole step: ungrouped, grouped, grouped + cascade decode, in one run
     t b_prefix_step 240 python3 -m nonstop bench trainer --sides nonstop --shape qwen2.5-1.5b --prompts 4 --n 8 \
