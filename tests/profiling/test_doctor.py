@@ -214,3 +214,57 @@ def test_unreadable_run_dirs(tmp_path):
 def test_empty_run_reports_nothing_to_diagnose(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 0, "val/test/score": 0.5}\n')
     assert "no training step" in format_report(diagnose(load_run(tmp_path)))
+
+
+def test_best_split_balances_the_two_sides():
+    from nonstop.profiling.doctor.causes_placement import best_split
+
+    # 12 GPU-s of generation, 4 of training on 4 GPUs: R = 3 gives max(12/3, 4/1) = 4 s; R = 2 gives 6 s.
+    assert best_split(12.0, 4.0, 4) == (3, pytest.approx(4.0))
+    assert best_split(4.0, 12.0, 4) == (1, pytest.approx(4.0))
+    assert best_split(13.5, 16.0, 4) == (2, pytest.approx(8.0))  # max(6.75, 8)
+    with pytest.raises(ValueError, match="at least 2 GPUs"):
+        best_split(1.0, 1.0, 1)
+
+
+def test_long_tail_on_several_colocated_gpus_suggests_a_split(tmp_path):
+    # Per step: gen 6 s with half of it in the tail at 1/8 fill (assumed): 6 x 0.5 x 0.875 = 2.625 s idle, so 3.375 s
+    # of busy generation vs 4 s of the rest. On 4 GPUs: 13.5 vs 16 GPU-s; R = 2 takes max(6.75, 8) = 8 s < 10 s.
+    metrics = {"rollout/tail_frac": 0.5}
+    run = write_run(tmp_path / "four", {"trainer.n_gpus_per_node": 4}, metrics)
+    tail = next(f for f in ranked(run) if f.cause == "generation_long_tail")
+    split = [c for c in tail.changes if "trainer.placement=split" in c]
+    assert len(split) == 1 and "trainer.rollout_n_gpus=2 " in split[0] and "predicted 8.0 s per step" in split[0]
+    # The base run's small tail (5%): the best whole split (R = 2: max(11.5, 8) s) is slower than 10 s, so none.
+    base = next(
+        f
+        for f in ranked(write_run(tmp_path / "base", {"trainer.n_gpus_per_node": 4}))
+        if f.cause == "generation_long_tail"
+    )
+    assert not [c for c in base.changes if "placement=split" in c]
+    one_gpu = next(f for f in ranked(write_run(tmp_path / "one", metrics=metrics)) if f.cause == "generation_long_tail")
+    assert not [c for c in one_gpu.changes if "placement=split" in c]
+
+
+SPLIT = {"trainer.placement": "split", "trainer.n_gpus_per_node": 4, "trainer.rollout_n_gpus": 1}
+
+
+def test_an_idle_trainer_under_split_placement_asks_for_more_rollout_gpus(tmp_path):
+    # 1 rollout GPU never idle, 3 trainers idle half the 10 s step: 10 GPU-s of generation vs 15 of training;
+    # R = 2 takes max(5, 7.5) = 7.5 s: (10 - 7.5) x 4 GPUs x 5 steps = 50 GPU-s lost.
+    metrics = {"trainer/idle_ratio": 0.5, "rollouter/idle_ratio": 0.0}
+    first = ranked(write_run(tmp_path, SPLIT, metrics))[0]
+    assert first.cause == "split_balance" and first.changes == ["trainer.rollout_n_gpus=2"]
+    assert first.gpu_s_lost == pytest.approx((10.0 - 7.5) * 4 * NUM_STEPS)
+    assert any("rollout side is the bottleneck" in e for e in first.evidence)
+
+
+def test_a_balanced_split_is_clear_and_missing_ratios_are_reported(tmp_path):
+    balanced = {"trainer/idle_ratio": 0.1, "rollouter/idle_ratio": 0.1}
+    run = write_run(tmp_path / "balanced", {**SPLIT, "trainer.rollout_n_gpus": 2}, balanced)
+    finding = next(f for f in diagnose(load_run(run)).findings if f.cause == "split_balance")
+    assert finding.status == "clear" and finding.gpu_s_lost == 0.0
+    finding = next(
+        f for f in diagnose(load_run(write_run(tmp_path / "bare", SPLIT))).findings if f.cause == "split_balance"
+    )
+    assert finding.status == "no_data" and finding.missing == ["trainer/idle_ratio", "rollouter/idle_ratio"]

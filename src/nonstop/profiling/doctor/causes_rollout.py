@@ -3,6 +3,7 @@ between the engine's kernels."""
 
 from __future__ import annotations
 
+from nonstop.profiling.doctor.causes_placement import colocated_split_change
 from nonstop.profiling.doctor.finding import CLEAR, FOUND, NO_DATA, Finding, pct, phase_efficiency
 from nonstop.profiling.doctor.run_data import RunData
 from nonstop.profiling.metric_names import (
@@ -55,6 +56,9 @@ def generation_long_tail(run: RunData) -> Finding:
             "trainer.mode=one_step_off  (generation of step k+1 overlaps training of step k)",
             "trainer.mode=async  (partial rollouts continue across weight updates: the tail never holds a step)",
         ]
+        split = colocated_split_change(run, tail_s * (1 - fill))
+        if split is not None and run.cfg("trainer.placement", "colocate") != "split":
+            f.changes.append(split)
     elif mode == "one_step_off":
         f.changes = ["trainer.mode=async  (partial rollouts continue across weight updates)"]
     else:

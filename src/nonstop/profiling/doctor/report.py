@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nonstop.profiling.doctor import causes_rollout, causes_step, causes_training
+from nonstop.profiling.doctor import causes_placement, causes_rollout, causes_step, causes_training
 from nonstop.profiling.doctor.finding import FOUND, NO_DATA, Finding
 from nonstop.profiling.doctor.run_data import RunData
 
 CAUSES = (
     causes_rollout.generation_long_tail,
+    causes_placement.split_balance,
     causes_rollout.kv_cache_too_small,
     causes_step.reward_on_critical_path,
     causes_training.tiny_micro_batches,
