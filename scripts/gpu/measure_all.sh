@@ -10,6 +10,7 @@
 #   engine_ab  a branch's engine (the tree) against BASE_SRC: its engine + cascade GPU tests, then `bench rollout`
 #            k = 1 and 8 on both (transformers only on the tree's side); if the tests fail, the steps after it run
 #            on BASE_SRC
+#   rollout_tests  `pytest -m gpu tests/rollout` alone (engine, cascade, whole-launch graphs, KV sizing and cap)
 #   retest   GPU tests not yet run alone (engine, async, cascade engine, critic prefix grouping, critic, resume)
 #   trainer  GRPO step vs TRL 1.16 (issue 4), plus nonstop with k = 1 and with the KV cache resident in the same run
 #   trainer_profile  nonstop's side alone (resident KV, k = 8), step 5 under the torch profiler: the profile summary
@@ -45,6 +46,7 @@ for step in ${STEPS:-tests rollout}; do case $step in
     fi
     t b_rollout 120 python3 -m nonstop bench rollout --shapes qwen2.5-0.5b --workloads fixed --num-scheduler-steps 1,8 \
       --out "$OUT/rollout.json" ;;
+  rollout_tests) gpu_test t_rollout 150 tests/rollout ;;
   trainer_profile)
     t b_trainer_profile 150 python3 -m nonstop bench trainer --sides nonstop --work-dir /tmp/btp --override \
       actor_rollout_ref.rollout.free_cache_engine=False "global_profiler.steps=[5]" global_profiler.tool=torch --out "$OUT/trainer-profile.json"
