@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent.parent / "dist"))
 from dist_helpers import spawn  # noqa: E402
 
@@ -58,3 +60,19 @@ def test_bench_modes_compares_colocated_and_split_placement_on_two_ranks(tmp_pat
         metrics = results[mode]["metrics"]
         assert metrics["timing_s/update_weights"] > 0 and metrics["actor/sync_logprob_diff"] < 1e-5
         assert 0.0 <= metrics["rollouter/idle_ratio"] <= 1.0
+
+
+def test_overlap_analysis_against_hand_computed_values():
+    # sync: 10 s step, 6 s generation, 4 s the rest: perfect overlap takes max(6, 4) = 6 s, a 10 / 6 bound.
+    results = {
+        "sync": {"step_s": 10.0, "metrics": {"timing_s/gen": 6.0, "timing_s/update_actor": 3.0}},
+        "one_step_off": {"step_s": 8.0, "metrics": {"timing_s/update_actor": 4.5}},
+        "async": {"step_s": 6.0, "metrics": {}},
+    }
+    analysis = modes.overlap_analysis(results)
+    assert analysis["bound"] == pytest.approx(10 / 6) and analysis["sync_rest_s"] == pytest.approx(4.0)
+    assert analysis["one_step_off"] == pytest.approx({"speedup": 1.25, "realised": 0.5, "update_slowdown": 1.5})
+    assert analysis["async"]["realised"] == pytest.approx(1.0) and analysis["async"]["update_slowdown"] is None
+    text = modes.analysis_lines(analysis)
+    assert "perfect overlap bound 1.67x" in text and "one_step_off: 1.25x sync, 50% of the bound's saving" in text
+    assert modes.overlap_analysis({"async": results["async"]}) == {}

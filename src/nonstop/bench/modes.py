@@ -146,9 +146,52 @@ def main(argv: list[str] | None = None) -> int:
     if not reports:
         return 0
     print(table(results))
+    analysis = overlap_analysis(results)
+    print(analysis_lines(analysis))
     payload = {"benchmark": "modes", "env": environment(device), "world_size": world, "args": vars(args)}
-    write_result(args.out or default_result_path("modes"), {**payload, "results": results})
+    write_result(args.out or default_result_path("modes"), {**payload, "results": results, "overlap": analysis})
     return 0
+
+
+def overlap_analysis(results: dict[str, Any]) -> dict[str, Any]:
+    """What overlap could give and what each mode got, from the same run. sync's step splits into generation G
+    (`timing_s/gen`) and the rest U; overlapping them perfectly, with neither slowed by the other, takes max(G, U): the
+    bound (G + U) / max(G, U) on the speedup. Per overlap mode: the speedup it got, the share of the bound's saving it
+    realised ((sync step - its step) / (sync step - max(G, U))), and how much slower its update ran than sync's
+    (`timing_s/update_actor` ratio: the training side's cost of sharing the GPU with decode). Empty without sync."""
+    sync = results.get("sync")
+    if not sync or sync["metrics"].get("timing_s/gen") is None:
+        return {}
+    step, gen = sync["step_s"], sync["metrics"]["timing_s/gen"]
+    rest = max(step - gen, 0.0)
+    floor = max(gen, rest)
+    out: dict[str, Any] = {"sync_gen_s": gen, "sync_rest_s": rest, "bound": step / floor if floor > 0 else None}
+    update = sync["metrics"].get("timing_s/update_actor")
+    for mode, r in results.items():
+        if mode == "sync":
+            continue
+        row = {"speedup": step / r["step_s"]}
+        row["realised"] = (step - r["step_s"]) / (step - floor) if step > floor else None
+        mode_update = r["metrics"].get("timing_s/update_actor")
+        row["update_slowdown"] = mode_update / update if update and mode_update is not None else None
+        out[mode] = row
+    return out
+
+
+def analysis_lines(analysis: dict[str, Any]) -> str:
+    if not analysis:
+        return "no sync run: no overlap bound"
+    lines = [
+        f"sync: generation {analysis['sync_gen_s']:.3f} s + the rest {analysis['sync_rest_s']:.3f} s per step; "
+        f"perfect overlap bound {analysis['bound']:.2f}x"
+    ]
+    for mode, row in analysis.items():
+        if not isinstance(row, dict):
+            continue
+        realised = "-" if row["realised"] is None else f"{100 * row['realised']:.0f}%"
+        slowdown = "-" if row["update_slowdown"] is None else f"{row['update_slowdown']:.2f}x"
+        lines.append(f"{mode}: {row['speedup']:.2f}x sync, {realised} of the bound's saving; update {slowdown} sync's")
+    return "\n".join(lines)
 
 
 def table(results: dict[str, Any]) -> str:
