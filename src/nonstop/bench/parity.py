@@ -1,5 +1,4 @@
-"""`nonstop bench parity`: learning curves of `trainer.mode=sync`, `one_step_off` and `async` on the same config, by
-samples trained.
+"""`nonstop bench parity`: learning curves of sync, one_step_off and async on one config, by samples trained.
 
 Each mode is a full `nonstop train` run of the given config (the embedded default when none is given, as for
 `nonstop train`), the same seed and data order, `--steps` steps, no checkpoints. The overlap modes train on samples
