@@ -268,3 +268,13 @@ def test_a_balanced_split_is_clear_and_missing_ratios_are_reported(tmp_path):
         f for f in diagnose(load_run(write_run(tmp_path / "bare", SPLIT))).findings if f.cause == "split_balance"
     )
     assert finding.status == "no_data" and finding.missing == ["trainer/idle_ratio", "rollouter/idle_ratio"]
+
+
+def test_long_tail_under_split_placement_is_the_rollout_gpus_busy_time(tmp_path):
+    # timing_s/gen (6 s) is the trainer's wait there. The one rollout GPU generates 10 x (1 - 0.2) = 8 s a step, half
+    # of it in the tail at 1/8 fill (assumed): 8 x 0.5 x 0.875 x 1 GPU x 5 steps = 17.5 GPU-s, not 6 x 0.5 x 0.875 x 4.
+    metrics = {"rollout/tail_frac": 0.5, "trainer/idle_ratio": 0.0, "rollouter/idle_ratio": 0.2}
+    findings = diagnose(load_run(write_run(tmp_path, SPLIT, metrics))).findings
+    tail = next(f for f in findings if f.cause == "generation_long_tail")
+    assert tail.gpu_s_lost == pytest.approx(8 * 0.5 * 0.875 * 1 * NUM_STEPS)
+    assert not [c for c in tail.changes if "placement=split" in c]  # already split

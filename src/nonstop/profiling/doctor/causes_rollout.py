@@ -3,7 +3,7 @@ between the engine's kernels."""
 
 from __future__ import annotations
 
-from nonstop.profiling.doctor.causes_placement import colocated_split_change
+from nonstop.profiling.doctor.causes_placement import ROLLOUTER_IDLE, colocated_split_change
 from nonstop.profiling.doctor.finding import CLEAR, FOUND, NO_DATA, Finding, pct, phase_efficiency
 from nonstop.profiling.doctor.run_data import RunData
 from nonstop.profiling.metric_names import (
@@ -14,9 +14,9 @@ from nonstop.profiling.metric_names import (
     ROLLOUT_TAIL_BATCH_FILL,
     ROLLOUT_TAIL_FRAC,
 )
-from nonstop.profiling.phases import timing_key
+from nonstop.profiling.phases import STEP, timing_key
 
-GEN = timing_key("gen")
+GEN, STEP_KEY = timing_key("gen"), timing_key(STEP)
 # A tail step runs fewer than 1/4 of the peak sequences: without a measured fill, assume the middle of [0, 1/4).
 DEFAULT_TAIL_FILL = 0.125
 # With twice the KV blocks, requests held back by a full cache run two waves at a time: about half of the blocked
@@ -30,16 +30,31 @@ def _per_step(run: RunData, metric: str) -> list[tuple[float, float]]:
     return [(r[GEN], r[metric]) for r in run.steps if r.get(GEN) is not None and r.get(metric) is not None]
 
 
+def _generation_per_step(run: RunData) -> tuple[list[tuple[float, float]], int, list[str]]:
+    """(generation seconds, `rollout/tail_frac`) per step, the GPUs that generate, and the metrics needed. Under
+    split placement `timing_s/gen` is the trainer's wait for a block, not generation: the rollout GPUs generate for
+    the step's busy share, `timing_s/step` x (1 - `rollouter/idle_ratio`)."""
+    if run.cfg("trainer.placement", "colocate") != "split":
+        return _per_step(run, ROLLOUT_TAIL_FRAC), run.num_gpus, [GEN, ROLLOUT_TAIL_FRAC]
+    needed = [STEP_KEY, ROLLOUTER_IDLE, ROLLOUT_TAIL_FRAC]
+    pairs = [
+        (r[STEP_KEY] * (1 - r[ROLLOUTER_IDLE]), r[ROLLOUT_TAIL_FRAC])
+        for r in run.steps
+        if all(r.get(m) is not None for m in needed)
+    ]
+    return pairs, int(run.cfg("trainer.rollout_n_gpus", 1)), needed
+
+
 def generation_long_tail(run: RunData) -> Finding:
     f = Finding("generation_long_tail", "generation long tail", NO_DATA)
-    pairs = _per_step(run, ROLLOUT_TAIL_FRAC)
+    pairs, gpus, needed = _generation_per_step(run)
     if not pairs:
-        f.missing = [m for m in (GEN, ROLLOUT_TAIL_FRAC) if not run.has(m)]
+        f.missing = [m for m in needed if not run.has(m)]
         return f
     fill = run.mean(ROLLOUT_TAIL_BATCH_FILL)
     fill = DEFAULT_TAIL_FILL if fill is None else fill
     tail_s = sum(gen * frac for gen, frac in pairs)
-    f.gpu_s_lost = tail_s * (1 - fill) * run.num_gpus
+    f.gpu_s_lost = tail_s * (1 - fill) * gpus
     f.status = FOUND if tail_s > 0 else CLEAR
     gen_s = sum(gen for gen, _ in pairs)
     f.evidence.append(
