@@ -64,3 +64,10 @@ def random_batch(seed: int, prompts: int, n: int) -> RolloutBatch:
             response = torch.randint(0, VOCAB, (int(torch.randint(1, 9, (1,), generator=g)),), generator=g).tolist()
             samples.append(Sample(prompt, response, [0.0] * len(response), "length", f"u{p}", "test/seven", ""))
     return RolloutBatch(samples, max_response_length=8)
+
+
+def sub_batch(batch: RolloutBatch, per_token_BL: torch.Tensor, rows: list[int]) -> tuple[RolloutBatch, torch.Tensor]:
+    """The samples at `rows` (a rank's share, or a reference order) and their rows of a `[B, L]` per-token tensor,
+    cut to the sub-batch's response width."""
+    sub = RolloutBatch([batch.samples[i] for i in rows], batch.max_response_length)
+    return sub, per_token_BL[rows, : sub.response_mask().shape[1]]

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from dist_helpers import random_batch, spawn, tiny_model
+from dist_helpers import random_batch, spawn, sub_batch, tiny_model
 from safetensors.torch import load_file, save_file
 
 from nonstop.config import load_config
@@ -50,11 +50,6 @@ def global_batch() -> tuple[RolloutBatch, torch.Tensor, list[list[int]]]:
     advantages_BL = torch.randn(batch.response_mask().shape, generator=torch.Generator().manual_seed(4))
     rank_rows = balance_across_ranks(batch.total_lengths, WORLD, group_ids=[s.uid for s in batch.samples])
     return batch, advantages_BL * batch.response_mask(), rank_rows
-
-
-def sub_batch(batch, advantages_BL, rows):
-    sub = RolloutBatch([batch.samples[i] for i in rows], batch.max_response_length)
-    return sub, advantages_BL[rows, : sub.response_mask().shape[1]]
 
 
 def capture_grads(actor: Actor) -> list[dict[str, torch.Tensor]]:

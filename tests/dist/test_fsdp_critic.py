@@ -10,7 +10,7 @@ from functools import partial
 
 import pytest
 import torch
-from dist_helpers import random_batch, spawn, tiny_model
+from dist_helpers import random_batch, spawn, sub_batch, tiny_model
 from safetensors.torch import load_file, save_file
 from test_fsdp_actor import capture_grads, reference_order
 
@@ -73,11 +73,6 @@ def global_batch() -> tuple[RolloutBatch, torch.Tensor, list[list[int]]]:
     returns_BL = torch.randn(batch.response_mask().shape, generator=torch.Generator().manual_seed(6))
     rank_rows = balance_across_ranks(batch.total_lengths, WORLD, group_ids=[s.uid for s in batch.samples])
     return batch, returns_BL * batch.response_mask(), rank_rows
-
-
-def sub_batch(batch, returns_BL, rows):
-    sub = RolloutBatch([batch.samples[i] for i in rows], batch.max_response_length)
-    return sub, returns_BL[rows, : sub.response_mask().shape[1]]
 
 
 def values_and_update(model, overrides, batch, returns_BL):
