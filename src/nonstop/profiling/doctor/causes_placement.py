@@ -38,10 +38,11 @@ def best_split(gen_work: float, train_work: float, num_gpus: int) -> tuple[int, 
 def colocated_split_change(run: RunData, tail_idle_s: float) -> str | None:
     """The split to try instead of colocated `sync` on several GPUs: the generation/training division of the measured
     step, the long tail's idle time (`tail_idle_s`, summed over the steps) left out of generation. None on one GPU,
-    without the timings, or when no whole number of rollout GPUs predicts a step `MIN_GAIN` shorter."""
+    without the timings, on a run already split, or when no whole number of rollout GPUs predicts a step `MIN_GAIN`
+    shorter."""
     n = run.num_gpus
     gen_key, step_key = timing_key("gen"), timing_key(STEP)
-    if n < 2 or not run.steps or not run.has(gen_key):
+    if n < 2 or run.cfg("trainer.placement", "colocate") == "split" or not run.steps or not run.has(gen_key):
         return None
     steps = len(run.steps)
     gen = run.total(gen_key) / steps

@@ -72,7 +72,7 @@ def generation_long_tail(run: RunData) -> Finding:
             "trainer.mode=async  (partial rollouts continue across weight updates: the tail never holds a step)",
         ]
         split = colocated_split_change(run, tail_s * (1 - fill))
-        if split is not None and run.cfg("trainer.placement", "colocate") != "split":
+        if split is not None:
             f.changes.append(split)
     elif mode == "one_step_off":
         f.changes = ["trainer.mode=async  (partial rollouts continue across weight updates)"]
