@@ -16,6 +16,8 @@
 #   trainer_profile  nonstop's side alone (resident KV, k = 8), step 5 under the torch profiler: the profile summary
 #            (per-phase kernel-busy, gaps, top kernels) and the doctor's report, to see what a decode step at 64
 #            sequences spends
+#   gaps     the trainer bench's step 5 under torch.profiler with Python stacks: the host functions across its
+#            longest device-idle gaps (scripts/gpu/step_gaps.py)
 #   prefix_step  issue 8's whole GRPO step at 4K prompts x 8: ungrouped / grouped / grouped + cascade decode
 #   logprob  fused log-prob/entropy kernels
 #   modes    sync / one_step_off / async on one GPU (issue 7);  lora  LoRA vs full fine-tuning (issue 9)
@@ -71,6 +73,7 @@ for step in ${STEPS:-tests rollout}; do case $step in
       --variant grouped actor_rollout_ref.actor.use_prefix_grouper=True \
       --variant grouped_cascade actor_rollout_ref.actor.use_prefix_grouper=True actor_rollout_ref.rollout.cascade_attention=True \
       --out "$OUT/prefix-step.json" ;;
+  gaps) t b_gaps 120 python3 scripts/gpu/step_gaps.py --out /tmp/gaps --override actor_rollout_ref.rollout.free_cache_engine=False ;;
   logprob) t b_logprob 40 python3 -m nonstop bench logprob --out "$OUT/logprob.json" ;;
   modes) t b_modes 200 python3 -m nonstop bench modes --model qwen2.5-0.5b --prompts 32 --n 8 --steps 6 --warmup 2 \
     --out "$OUT/modes.json" ;;

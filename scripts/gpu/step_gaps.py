@@ -1,0 +1,109 @@
+"""Where the host holds the GPU up inside one GRPO step: the `nonstop bench trainer` workload (nonstop side), one
+step under torch.profiler with Python stacks, then for each of the longest device-idle gaps the nonstop functions
+running on the host across it (how much of the gap each covers). A development tool for the GPU machine:
+
+    python3 scripts/gpu/step_gaps.py [--step 5] [--gaps 6] [--out DIR] [bench trainer flags, e.g. --override K=V]
+
+Python stacks slow host code down, so the gaps here are longer than in an unprofiled step; read them for where
+the time goes, and `nonstop bench trainer` for how long a step takes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+
+def busy_intervals(events: list[dict]) -> list[tuple[float, float]]:
+    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "kernel")
+    merged: list[list[float]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+def gaps(busy: list[tuple[float, float]], min_us: float) -> list[tuple[float, float]]:
+    return [(a[1], b[0]) for a, b in zip(busy[:-1], busy[1:], strict=True) if b[0] - a[1] >= min_us]
+
+
+def host_functions(events: list[dict], start: float, end: float, top: int) -> list[tuple[float, float, str]]:
+    """(overlap µs, duration µs, name) of nonstop Python functions overlapping [start, end], most overlap first,
+    leaving out frames over 20x the gap's length."""
+    found = []
+    for e in events:
+        if e.get("cat") != "python_function" or "nonstop" not in e.get("name", ""):
+            continue
+        a, b = e["ts"], e["ts"] + e.get("dur", 0)
+        if b - a > 20 * (end - start):  # an outer frame (the step, the phase): says nothing about this gap
+            continue
+        overlap = min(b, end) - max(a, start)
+        if overlap > 0.02 * (end - start):
+            found.append((overlap, b - a, e["name"]))
+    found.sort(key=lambda f: (-f[0], f[1]))
+    return found[:top]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--step", type=int, default=5)
+    ap.add_argument("--gaps", type=int, default=6)
+    ap.add_argument("--out", default="/tmp/step_gaps")
+    known, rest = ap.parse_known_args()
+    from nonstop.bench import trainer_step as ts
+    from nonstop.bench.shapes import model_config
+    from nonstop.config import load_config
+    from nonstop.trainer import build_trainer
+
+    args = ts.parse_args(["--sides", "nonstop", *rest])
+    out = Path(known.out)
+    work = out / "work"
+    cfg = model_config(args.shape)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    ts.write_model_dir(cfg, work / "model", device)
+    ts.write_tokenizer_dir(cfg.vocab_size, work / "tokenizer")
+    ts.write_prompts(work / "prompts.jsonl", ts.prompt_texts(args.prompts, args.prompt_len, cfg.vocab_size))
+    ts.write_reward_fn(work / "reward.py")
+    args.warmup, args.steps = known.step, 0
+    trainer = build_trainer(load_config(None, ts.nonstop_overrides(work, args)), console=False)
+    try:
+        for step in range(1, known.step):
+            trainer.step(step)
+        ts.device_sync()
+        acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=acts, with_stack=True) as prof:
+            trainer.step(known.step)
+            ts.device_sync()
+    finally:
+        trainer.close()
+    raw = out / "trace.json"
+    prof.export_chrome_trace(str(raw))
+    events = json.loads(raw.read_text())["traceEvents"]
+    with gzip.open(out / "trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    raw.unlink()
+    busy = busy_intervals(events)
+    if not busy:
+        print("no kernels in the trace (no GPU?)")
+        return 1
+    total = busy[-1][1] - busy[0][0]
+    busy_us = sum(b - a for a, b in busy)
+    found = sorted(gaps(busy, 200.0), key=lambda g: g[0] - g[1])
+    print(f"step {known.step}: {total / 1e3:.1f} ms first to last kernel, kernel-busy {busy_us / total:.1%}")
+    print(f"gaps >= 0.2 ms: {len(found)}, {sum(b - a for a, b in found) / 1e3:.1f} ms idle")
+    for start, end in found[: known.gaps]:
+        print(f"\n== gap {(end - start) / 1e3:.1f} ms at {(start - busy[0][0]) / 1e3:.1f} ms")
+        for overlap, dur, name in host_functions(events, start, end, 14):
+            print(f"  {overlap / 1e3:7.2f} of {dur / 1e3:7.2f} ms  {name[:150]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
