@@ -122,3 +122,19 @@ def test_update_weights_lands_in_fused_projections(qwen2):
     after = run(fused_llm)
     assert_same(after, run(plain_llm))
     assert [t for t, _ in after] != [t for t, _ in before]
+
+
+class _WordTokenizer:
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return " ".join(str(t) for t in ids)
+
+
+def test_detokenize_false_leaves_text_empty_and_the_tokens_as_they_were(qwen2):
+    _, model = qwen2
+    prompts = random_prompts([7, 11], seed=3)
+    llm = LLM(model, tokenizer=_WordTokenizer(), block_size=4)
+    with_text = llm.generate(prompts, GREEDY)
+    without = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, detokenize=False))
+    assert [o.outputs[0].token_ids for o in without] == [o.outputs[0].token_ids for o in with_text]
+    assert [o.outputs[0].text for o in without] == ["", ""]
+    assert [o.outputs[0].text for o in with_text] == [" ".join(map(str, o.outputs[0].token_ids)) for o in with_text]

@@ -10,7 +10,7 @@ from trainer_helpers import VOCAB, tiny_model
 
 from nonstop.config import load_config
 from nonstop.trainer import Actor, RolloutBatch, Sample, prompt_seed
-from nonstop.trainer.lr_schedule import lr_factor
+from nonstop.trainer.lr_schedule import build_optimizer, lr_factor
 
 
 def random_batch(seed: int, prompts: int = 3, n: int = 4) -> RolloutBatch:
@@ -102,3 +102,25 @@ def test_lr_warmup_then_cosine():
     assert [factor(0), factor(1), factor(2)] == [0.0, 0.5, 1.0]
     assert factor(10) == pytest.approx(0.1)
     assert factor(6) == pytest.approx(0.1 + 0.9 * 0.5)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_adamw_is_fused_on_cuda_only_and_steps_as_the_plain_implementation(device):
+    optim = load_config(None, ("actor_rollout_ref.actor.optim.weight_decay=0.1",)).actor_rollout_ref.actor.optim
+    model = torch.nn.Linear(48, 40).to(device)
+    reference, initial = copy.deepcopy(model), copy.deepcopy(model)
+    optimizer, _ = build_optimizer(model, optim, total_steps=10)
+    assert optimizer.defaults["fused"] is (True if device == "cuda" else None)
+    plain = torch.optim.AdamW(
+        reference.parameters(), lr=optim.lr, betas=tuple(optim.betas), weight_decay=0.1, foreach=False
+    )
+    g = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        x = torch.randn(16, 48, generator=g).to(device)
+        for m, opt in ((model, optimizer), (reference, plain)):
+            opt.zero_grad()
+            m(x).square().mean().backward()
+            opt.step()
+    for p, q, p0 in zip(model.parameters(), reference.parameters(), initial.parameters(), strict=True):
+        assert not torch.allclose(p, p0)
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)

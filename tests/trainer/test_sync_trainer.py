@@ -207,3 +207,18 @@ def test_validation_reports_the_numeric_keys_of_dict_rewards(trainer_factory):
     expected = [seven_fraction_with_acc("test/seven", t, None) for t in texts]
     assert metrics["val/test/seven/score"] == pytest.approx(sum(e["score"] for e in expected) / len(expected))
     assert metrics["val/test/seven/acc"] == pytest.approx(sum(e["acc"] for e in expected) / len(expected))
+
+
+def test_heap_is_frozen_after_the_first_step_and_unfrozen_at_close(trainer_factory, monkeypatch):
+    import gc
+
+    freezes, freeze = [], gc.freeze
+    monkeypatch.setattr(gc, "freeze", lambda: freezes.append(1) or freeze())
+    before = gc.get_freeze_count()  # 0 unless an earlier test left a trainer open
+    trainer = trainer_factory()
+    trainer.step(1)
+    assert gc.get_freeze_count() > before  # the model, engine and step-1 state left the collector's generations
+    trainer.step(2)
+    assert len(freezes) == 1  # once, after the first step, not again each step
+    trainer.close()
+    assert gc.get_freeze_count() == 0

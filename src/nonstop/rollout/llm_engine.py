@@ -68,6 +68,7 @@ class _Request:
     prompt_token_ids: list[int]
     n: int
     seqs: list[Sequence] = field(default_factory=list)  # grows to n when the group parent forks
+    detokenize: bool = True
 
     @property
     def finished(self) -> bool:
@@ -180,7 +181,9 @@ class LLMEngine:
             output_logprobs=list(output_logprobs or []),
         )
         self.scheduler.add(seq)
-        self.requests[request_id] = _Request(request_id, prompt, list(prompt_token_ids), sampling_params.n, [seq])
+        self.requests[request_id] = _Request(
+            request_id, prompt, list(prompt_token_ids), sampling_params.n, [seq], sampling_params.detokenize
+        )
         self.scheduler.stats.num_prompt_tokens += len(prompt_token_ids)
 
     def step(self) -> list[RequestOutput]:
@@ -257,10 +260,11 @@ class LLMEngine:
         seqs = sorted(request.seqs, key=lambda s: s.sample_index)
         if len(seqs) < request.n:  # aborted before the fork: every sample is the parent's (empty) state
             seqs = seqs + [seqs[0]] * (request.n - len(seqs))
+        detokenize = request.detokenize and self.tokenizer is not None
         outputs = [
             CompletionOutput(
                 index=i,
-                text=self.tokenizer.decode(s.output_token_ids, skip_special_tokens=True) if self.tokenizer else "",
+                text=self.tokenizer.decode(s.output_token_ids, skip_special_tokens=True) if detokenize else "",
                 token_ids=s.output_token_ids,
                 logprobs=list(s.output_logprobs),
                 finish_reason=s.finish_reason,

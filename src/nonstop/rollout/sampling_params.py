@@ -13,6 +13,8 @@ class SamplingParams:
     masks EOS and `stop_token_ids` until that many tokens exist. `seed` makes the request's samples reproducible
     whatever else runs in the same batch; without one the engine draws a seed from its own generator at admission.
     `logprobs` is accepted for vLLM compatibility: the engine always records the log-prob of every sampled token.
+    `detokenize=False` leaves each completion's `text` empty (vLLM's flag): for callers that read token ids only, or
+    decode them elsewhere, as the trainer does for its reward workers.
     """
 
     n: int = 1
@@ -25,6 +27,7 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: int | None = None
     logprobs: int | bool | None = None
+    detokenize: bool = True
 
     def __post_init__(self):
         if not isinstance(self.n, int) or self.n < 1:

@@ -22,6 +22,7 @@ the run directory, rank r > 0 its profile and metrics to `RUN_DIR/rank_r/`.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import time
 from collections.abc import Sequence
 from functools import partial
@@ -156,6 +157,7 @@ class SyncTrainer:
         self.profiler = RunProfiler.from_config(config.global_profiler, rank_dir, device)
         self.num_params = sum(p.numel() for p in model.parameters())
         self.nonfinite_streak = 0
+        self.heap_frozen = False
         self.probe_prompts: list[list[int]] | None = None
         self.reward_model = reward_model
         self.score_rules = reward_model is None or config.reward_model.combine == "sum"
@@ -228,6 +230,9 @@ class SyncTrainer:
         metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / max(step_s, 1e-9)
         metrics.update(model_flops_metrics(self.num_params, timings=metrics, device=self.device, **flops))
         metrics["training/global_step"] = float(step)
+        if not self.heap_frozen:
+            freeze_heap()
+            self.heap_frozen = True
         return metrics
 
     def _train_step(self, step: int, rec: PhaseRecorder) -> tuple[dict[str, float], dict[str, int]]:
@@ -401,6 +406,9 @@ class SyncTrainer:
         self.log.close()
         self.profiler.close()
         self.reward_pool.close()
+        if self.heap_frozen:  # the frozen objects (this trainer's among them) become collectable again
+            gc.unfreeze()
+            self.heap_frozen = False
 
     # -- checkpoints ------------------------------------------------------------------------------------------------
 
@@ -548,6 +556,16 @@ class SyncTrainer:
             self.llm.update_weights(engine_weights(self.model) if lora else full_named_parameters(self.model))
 
 
+def freeze_heap() -> None:
+    """Move every object alive now (modules, the model, the engine, its compiled kernels and graphs: the first step
+    creates the rest of them) out of the garbage collector's reach. Python's full collections otherwise scan them
+    all, ~0.4 M objects, on the host's critical path between generation and the update (up to ~0.1 s on a 2-core
+    CPU, measured with gc callbacks; a step-5 profile on the H200 had ~20 ms stalls in trivial code there). vLLM
+    and SGLang freeze their heaps after start-up the same way. Objects created later are collected as usual."""
+    gc.collect()
+    gc.freeze()
+
+
 def sampling_params(section: Any, max_tokens: int, ignore_eos: bool = False) -> SamplingParams:
     """From `rollout.*` or `rollout.val_kwargs.*` (the same sampling keys): greedy unless `do_sample`."""
     return SamplingParams(
@@ -557,6 +575,7 @@ def sampling_params(section: Any, max_tokens: int, ignore_eos: bool = False) -> 
         top_p=section.top_p,
         max_tokens=max_tokens,
         ignore_eos=ignore_eos,
+        detokenize=False,  # the trainer decodes what it scores itself (`_generate`'s submit), once
     )
 
 
