@@ -27,3 +27,31 @@ def test_mfu_by_the_6n_and_2n_rule(monkeypatch):
 def test_no_mfu_or_memory_on_cpu():
     got = metrics.model_flops_metrics(10, 3, 5, 1, 0, {"timing_s/update_actor": 1.0, "timing_s/step": 1.0}, "cpu")
     assert got == {}
+
+
+def test_data_metrics_by_hand():
+    from nonstop.trainer.rollout_batch import RolloutBatch, Sample
+
+    def sample(prompt_len: int, response_len: int) -> Sample:
+        return Sample([1] * prompt_len, [2] * response_len, [0.0] * response_len, "length", "u", "src", None)
+
+    batch = RolloutBatch([sample(2, 3), sample(4, 1)], max_response_length=3)
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    # Padding holds values larger and smaller than any valid one: only the four valid entries count.
+    advantages = torch.tensor([[0.5, -1.0, 2.0], [0.25, 99.0, -99.0]])
+    got = metrics.data_metrics(batch, torch.tensor([1.0, 0.0]), advantages, mask)
+    assert got == {
+        "critic/score/mean": 0.5,
+        "critic/score/max": 1.0,
+        "critic/score/min": 0.0,
+        "critic/advantages/mean": pytest.approx((0.5 - 1.0 + 2.0 + 0.25) / 4),
+        "critic/advantages/max": 2.0,
+        "critic/advantages/min": -1.0,
+        "response_length/mean": 2.0,
+        "response_length/max": 3.0,
+        "response_length/min": 1.0,
+        "response_length/clip_ratio": 0.5,
+        "prompt_length/mean": 3.0,
+    }
+    empty = metrics.data_metrics(batch, torch.tensor([1.0, 0.0]), advantages, torch.zeros(2, 3))
+    assert [empty[f"critic/advantages/{k}"] for k in ("mean", "max", "min")] == [0.0, 0.0, 0.0]

@@ -19,13 +19,26 @@ from nonstop.trainer.rollout_batch import RolloutBatch
 def data_metrics(batch: RolloutBatch, scores_B: Tensor, advantages_BL: Tensor, mask_BL: Tensor) -> dict[str, float]:
     lengths = batch.response_lengths
     valid = mask_BL.bool()
+    # Masked reductions, one read-back: boolean indexing of the [B, L] advantages on the CPU took 5-9 ms per call on
+    # the H200 host (its parallel index kernel), 22 ms of the step's host-only stretch before the update.
+    num_valid = valid.sum()
+    advantages = torch.stack(
+        [
+            advantages_BL.masked_fill(~valid, 0).sum() / num_valid.clamp(min=1),
+            advantages_BL.masked_fill(~valid, -math.inf).max(),
+            advantages_BL.masked_fill(~valid, math.inf).min(),
+        ]
+    )
+    scores = torch.stack([scores_B.mean(), scores_B.max(), scores_B.min()])
+    adv_mean, adv_max, adv_min = advantages.tolist() if num_valid.item() > 0 else (0.0, 0.0, 0.0)
+    score_mean, score_max, score_min = scores.tolist()
     return {
-        "critic/score/mean": scores_B.mean().item(),
-        "critic/score/max": scores_B.max().item(),
-        "critic/score/min": scores_B.min().item(),
-        "critic/advantages/mean": advantages_BL[valid].mean().item() if valid.any() else 0.0,
-        "critic/advantages/max": advantages_BL[valid].max().item() if valid.any() else 0.0,
-        "critic/advantages/min": advantages_BL[valid].min().item() if valid.any() else 0.0,
+        "critic/score/mean": score_mean,
+        "critic/score/max": score_max,
+        "critic/score/min": score_min,
+        "critic/advantages/mean": adv_mean,
+        "critic/advantages/max": adv_max,
+        "critic/advantages/min": adv_min,
         "response_length/mean": sum(lengths) / len(lengths),
         "response_length/max": float(max(lengths)),
         "response_length/min": float(min(lengths)),
