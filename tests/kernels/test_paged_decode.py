@@ -206,6 +206,19 @@ def test_num_splits_drop_to_one_once_the_batch_fills_the_gpu():
     assert choose_num_splits(64, 8, 4096, 132) == 1  # 512 programs (Qwen3-0.6B's 8 kv heads at batch 64)
 
 
+def test_num_splits_are_one_for_short_contexts_once_half_the_sms_are_covered():
+    """Short contexts on 132 SMs: one split while max_tokens <= min(1024, 512 x programs / 66)."""
+    from nonstop.kernels.paged_decode_triton import choose_num_splits
+
+    assert choose_num_splits(64, 2, 384, 132) == 1  # 128 programs: up to 993 tokens
+    assert choose_num_splits(64, 2, 992, 132) == 1
+    assert choose_num_splits(64, 2, 1024, 132) == 5  # past it: ceil(528 / 128) = 5 of the 8 useful
+    assert choose_num_splits(128, 2, 1024, 132) == 1  # 256 programs: the 1024-token cap
+    assert choose_num_splits(128, 2, 1536, 132) == 3
+    assert choose_num_splits(33, 2, 512, 132) == 1  # 66 programs, half the SMs: 512 tokens
+    assert choose_num_splits(32, 2, 384, 132) == 3  # 64 programs, under half: ceil(528 / 64) = 9, 3 useful
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(("num_seqs", "reduce_launches"), [(256, 0), (16, 1)])
 def test_default_splits_skip_the_reduce_at_full_batch(

@@ -29,6 +29,12 @@ _PROGRAMS_PER_SM = 4
 # Once (sequence, kv head) programs alone give every SM this many, splitting only adds the reduce launch (a decode
 # step's third-largest small kernel at batch 256 on the H200) and the partials' round trip: one split.
 _SINGLE_SPLIT_PROGRAMS_PER_SM = 2
+# Short contexts (RL rollouts: a few hundred tokens): once the programs cover half the SMs, one split is fastest up to
+# about this many tokens at that half (scaled with the programs, capped). H200, Qwen2.5-0.5B heads, 24 calls per
+# CUDA-graph replay (scripts/gpu/split_choice.py): 64 sequences at <= 384 tokens 6.6 µs a call at 1 split vs 8.0 at
+# the 3 the rule below picks; 128 sequences at <= 768 tokens 14.2 vs 17.4; at 1536 tokens 2-4 splits win again.
+_SHORT_CONTEXT_TOKENS = 512
+_SHORT_CONTEXT_CAP = 1024
 # A split shorter than this many tokens costs more in partial writes and reduce reads than it hides.
 _MIN_TOKENS_PER_SPLIT = 128
 _MAX_SPLITS = 64
@@ -212,13 +218,17 @@ def num_sms(device_index: int) -> int:
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_tokens: int, sm_count: int) -> int:
     """Splits per sequence, from shapes only: fill the GPU at small batch, one split (no reduce launch) once the
-    batch fills it. A CUDA graph captures one batch-size bucket, so its split count is fixed for the bucket.
+    batch fills it, or half fills it with short sequences. A CUDA graph captures one batch-size bucket, so its split
+    count is fixed for the bucket.
 
     `max_tokens` is the block-table capacity M * B, the longest any sequence can be, so no split is launched that
     could never get `_MIN_TOKENS_PER_SPLIT` tokens.
     """
     programs = num_seqs * num_kv_heads
     if programs >= _SINGLE_SPLIT_PROGRAMS_PER_SM * sm_count:
+        return 1
+    short = min(_SHORT_CONTEXT_CAP, _SHORT_CONTEXT_TOKENS * 2 * programs / sm_count)
+    if 2 * programs >= sm_count and max_tokens <= short:
         return 1
     wanted = math.ceil(_PROGRAMS_PER_SM * sm_count / max(programs, 1))
     useful = math.ceil(max_tokens / _MIN_TOKENS_PER_SPLIT)
