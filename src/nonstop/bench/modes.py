@@ -97,6 +97,10 @@ def run_mode(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any] 
         "global_profiler.tool=torch",
         f"global_profiler.steps=[{profiled}]",
         f"trainer.default_local_dir={run_dir}",
+        # 16k-token micro-batches: the default (the whole mini-batch, ~100k tokens at 32 x 8 long-tailed samples)
+        # ran the H200 out of memory in the update (138 GB of activations).
+        "actor_rollout_ref.actor.use_dynamic_bsz=True",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384",
         *args.override,
     ]
 
