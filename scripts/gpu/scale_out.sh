@@ -14,7 +14,7 @@ NGPU=${NGPU:-8}
 run_trainer() {  # name limit gpus shape prompts [overrides...]
   local name=$1 limit=$2 gpus=$3 shape=$4 prompts=$5; shift 5
   t "$name" "$limit" torchrun --standalone --nproc-per-node="$gpus" -m nonstop bench trainer --sides nonstop \
-    --shape "$shape" --prompts "$prompts" --n 8 --prompt-len 256 --response-len 256 --warmup 2 --steps 3 \
+    --shape "$shape" --prompts "$prompts" --samples-per-prompt 8 --prompt-len 256 --response-len 256 --warmup 2 --steps 3 \
     --work-dir "/tmp/$name" --override "global_profiler.steps=[4]" global_profiler.tool=torch "$@" \
     --out "$OUT/$name.json"
   python3 -m nonstop doctor "/tmp/$name/nonstop_run" > "$OUT/$name-doctor.txt" 2>&1
@@ -29,7 +29,7 @@ for step in ${STEPS:-scale}; do case $step in
   split)
     for r in $((NGPU / 2)) ${ROLLOUT:-}; do
       t "b_split_r$r" 300 torchrun --standalone --nproc-per-node="$NGPU" -m nonstop bench modes --model qwen2.5-1.5b \
-        --prompts $((8 * NGPU)) --n 8 --response-len 2048 --median-response 256 --sigma 1.0 --max-staleness 2 \
+        --prompts $((8 * NGPU)) --samples-per-prompt 8 --response-len 2048 --median-response 256 --sigma 1.0 --max-staleness 2 \
         --steps 4 --warmup 1 --rollout-gpus "$r" --modes sync,split:async --out "$OUT/split-r$r.json"
     done ;;
   7b) run_trainer "qwen7b-${NGPU}gpu" 400 "$NGPU" qwen2.5-7b $((4 * NGPU)) ;;

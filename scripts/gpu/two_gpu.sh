@@ -23,13 +23,13 @@ for step in ${STEPS:-side scale}; do case $step in
         --prompt-lens 4096,2048,8192 --response-lens 512 --n 8 --out "$OUT/prefix.json" ) &
     wait ;;
   scale)
-    t b_scale1 110 env CUDA_VISIBLE_DEVICES=0 python3 -m nonstop bench trainer --sides nonstop --shape qwen2.5-1.5b \
+    t b_scale1 160 env CUDA_VISIBLE_DEVICES=0 python3 -m nonstop bench trainer --sides nonstop --shape qwen2.5-1.5b \
       --prompts 8 --n 8 --out "$OUT/scale-1gpu.json"
-    t b_scale2 140 torchrun --standalone --nproc-per-node=2 -m nonstop bench trainer --sides nonstop \
-      --shape qwen2.5-1.5b --prompts 16 --n 8 --out "$OUT/scale-2gpu.json" ;;
+    t b_scale2 200 torchrun --standalone --nproc-per-node=2 -m nonstop bench trainer --sides nonstop \
+      --shape qwen2.5-1.5b --prompts 16 --samples-per-prompt 8 --out "$OUT/scale-2gpu.json" ;;
   modes)
     t b_modes2 ${MODES_LIMIT:-240} torchrun --standalone --nproc-per-node=2 -m nonstop bench modes --model qwen2.5-0.5b \
-      --prompts 32 --n 8 --response-len 2048 --median-response 256 --sigma 1.0 --max-staleness 2 --steps 4 --warmup 1 \
+      --prompts 32 --samples-per-prompt 8 --response-len 2048 --median-response 256 --sigma 1.0 --max-staleness 2 --steps 4 --warmup 1 \
       --modes sync,split:one_step_off,split:async --out "$OUT/modes-2gpu.json" ;;
   *) echo "unknown step $step" ;;
 esac; done

@@ -134,3 +134,21 @@ def test_a_variant_runs_with_its_overrides_and_reports_ratios(tmp_path):
     assert side["speedup_vs_nonstop"] == pytest.approx(result["nonstop"]["step_s"] / side["step_s"])
     assert "speedup_vs_trl" not in side  # no TRL side in this run
     assert "small" in trainer_step.table(result) and trainer_step.problems(result, 6) == []
+
+
+@pytest.mark.parametrize("bench", ["trainer", "modes"])
+def test_samples_per_prompt_passes_through_torchrun_where_n_cannot(bench):
+    """torchrun's parser scans every argument for its own options, script arguments included, and rejects `--n` as
+    an ambiguous prefix (--nnodes, --nproc-per-node, ...): the two-GPU scripts spell it --samples-per-prompt."""
+    from torch.distributed.run import parse_args as torchrun_args
+
+    from nonstop.bench import modes
+
+    launch = ["--standalone", "--nproc-per-node=2", "-m", "nonstop", "bench", bench, "--prompts", "16"]
+    with pytest.raises(SystemExit):
+        torchrun_args([*launch, "--n", "8"])
+    args = torchrun_args([*launch, "--samples-per-prompt", "8"])
+    script_args = args.training_script_args[2:]  # after "bench", bench
+    parse = trainer_step.parse_args if bench == "trainer" else modes.parse_args
+    assert parse(script_args).n == 8
+    assert parse([*script_args[:-2], "--n", "4"]).n == 4  # outside torchrun --n still works

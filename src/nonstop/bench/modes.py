@@ -60,7 +60,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--rollout-gpus", type=int, default=1, help="rollout ranks of the split:MODE runs")
     p.add_argument("--prompts", type=int, default=32, help="prompts per step (data.train_batch_size)")
-    p.add_argument("--n", type=int, default=8, help="samples per prompt")
+    p.add_argument(
+        "--n",
+        "--samples-per-prompt",
+        type=int,
+        default=8,
+        dest="n",
+        help="samples per prompt (under torchrun write --samples-per-prompt: its parser rejects --n as ambiguous)",
+    )
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--response-len", type=int, default=1024, help="cap of the long tail (data.max_response_length)")
     p.add_argument("--median-response", type=int, default=192)

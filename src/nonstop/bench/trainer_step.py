@@ -420,7 +420,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--shape", default="qwen2.5-0.5b", help="model shape from nonstop.bench.shapes")
     p.add_argument("--sides", type=sides, default=list(SIDES), help="what to run, in order (default nonstop,trl)")
     p.add_argument("--prompts", type=int, default=8, help="prompts per step")
-    p.add_argument("--n", type=int, default=8, help="completions per prompt")
+    p.add_argument(
+        "--n",
+        "--samples-per-prompt",
+        type=int,
+        default=8,
+        dest="n",
+        help="completions per prompt (under torchrun write --samples-per-prompt: its parser rejects --n as ambiguous)",
+    )
     p.add_argument("--prompt-len", type=int, default=128, help="tokens per prompt")
     p.add_argument("--response-len", type=int, default=256, help="tokens per completion (forced on both sides)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first, on each side")
