@@ -1,8 +1,8 @@
-"""The reward worker process: loads the scoring function once, then scores one sample per message.
+"""The reward worker process: loads the scoring function once, then scores the samples of each message in order.
 
-Protocol on its pipe — in: `(data_source, solution_str, ground_truth, extra_info)` or None to stop; out: first
-`("ready", None)` or `("init_failed", traceback)`, then per sample `("result", RewardResult)` or
-`("fatal", message)` for a `RewardSetupError`.
+Protocol on its pipe — in: a list of `(data_source, solution_str, ground_truth, extra_info)` or None to stop; out:
+first `("ready", None)` or `("init_failed", traceback)`, then per sample, as soon as it is scored,
+`("result", RewardResult)` or `("fatal", message)` for a `RewardSetupError`.
 """
 
 from __future__ import annotations
@@ -34,11 +34,13 @@ def worker_main(conn: Connection, payload: bytes) -> None:
             return
         if task is None:
             return
-        try:
-            reply = ("result", score_one(compute_score, *task))
-        except RewardSetupError as e:
-            reply = ("fatal", str(e))
-        try:
-            conn.send(reply)
-        except Exception as e:  # extra values that cannot be pickled
-            conn.send(("result", RewardResult(0.0, status="error", message=f"result could not be sent back: {e!r}")))
+        for args in task:
+            try:
+                reply = ("result", score_one(compute_score, *args))
+            except RewardSetupError as e:
+                reply = ("fatal", str(e))
+            try:
+                conn.send(reply)
+            except Exception as e:  # extra values that cannot be pickled
+                message = f"result could not be sent back: {e!r}"
+                conn.send(("result", RewardResult(0.0, status="error", message=message)))
