@@ -222,3 +222,21 @@ def test_heap_is_frozen_after_the_first_step_and_unfrozen_at_close(trainer_facto
     assert len(freezes) == 1  # once, after the first step, not again each step
     trainer.close()
     assert gc.get_freeze_count() == 0
+
+
+@pytest.mark.parametrize("room", [True, False])
+def test_sync_probe_rides_along_with_the_rollout_when_max_num_seqs_has_room(trainer_factory, room):
+    probe_only = trainer_factory(("trainer.total_training_steps=2",), engine_copy=True)
+    rollout = probe_only.config.actor_rollout_ref.rollout
+    samples = probe_only.config.data.train_batch_size * rollout.n
+    max_num_seqs = samples + 2 if room else samples  # the probe is two prompts
+    trainer = trainer_factory(
+        ("trainer.total_training_steps=2", f"actor_rollout_ref.rollout.max_num_seqs={max_num_seqs}"), engine_copy=True
+    )
+    calls, generate = [], trainer.llm.generate
+    trainer.llm.generate = lambda prompts, *a, **k: calls.append(len(prompts)) or generate(prompts, *a, **k)
+    trainer.step(1)
+    calls.clear()
+    metrics = trainer.step(2)
+    assert calls == ([samples // rollout.n + 2] if room else [2, samples // rollout.n])
+    assert metrics["actor/sync_logprob_diff"] < 1e-5

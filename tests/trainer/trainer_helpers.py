@@ -134,6 +134,7 @@ def make_trainer(
             device="cpu",
             max_model_len=16,
             num_kv_blocks=64,
+            max_num_seqs=config.actor_rollout_ref.rollout.max_num_seqs,
             seed=seed,
         )
     add_lora_adapters(config, model)  # after the engine copy, as build_trainer does

@@ -8,21 +8,32 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from nonstop.rollout import LLM, SamplingParams
+from nonstop.rollout import LLM, RequestOutput, SamplingParams
 
 PROBE_PROMPTS, PROBE_TOKENS = 2, 16  # a few sampled tokens of the first step's first prompts
 
 
-def probe_engine(llm: LLM, prompts: list[list[int]], seed: int) -> tuple[list[list[int]], list[float]]:
-    """The engine's half: each prompt's sampled tokens and, flat in the same order, their log-probs."""
+def probe_params(llm: LLM, prompts: list[list[int]], seed: int) -> list[SamplingParams]:
+    """The engine half's requests: PROBE_TOKENS sampled tokens per prompt (fewer where max_model_len ends first)."""
     room = llm.llm_engine.max_model_len
-    params = [
-        SamplingParams(temperature=1.0, max_tokens=min(PROBE_TOKENS, room - len(p)), ignore_eos=True, seed=seed)
+    return [
+        SamplingParams(
+            temperature=1.0, max_tokens=min(PROBE_TOKENS, room - len(p)), ignore_eos=True, seed=seed, detokenize=False
+        )
         for p in prompts
     ]
-    outputs = llm.generate(prompts, params)
+
+
+def probe_results(outputs: list[RequestOutput]) -> tuple[list[list[int]], list[float]]:
+    """Each probe prompt's sampled tokens and, flat in the same order, their log-probs."""
     responses = [list(out.outputs[0].token_ids) for out in outputs]
     return responses, [lp for out in outputs for lp in out.outputs[0].logprobs]
+
+
+def probe_engine(llm: LLM, prompts: list[list[int]], seed: int) -> tuple[list[list[int]], list[float]]:
+    """The engine's half as a generate call of its own: each prompt's sampled tokens and, flat in the same order,
+    their log-probs."""
+    return probe_results(llm.generate(prompts, probe_params(llm, prompts, seed)))
 
 
 def probe_diff(actor, prompts: list[list[int]], responses: list[list[int]], engine_logprobs: list[float]) -> Tensor:

@@ -59,8 +59,8 @@ from nonstop.trainer.dynamic_sampling import GroupCollector, metric_values
 from nonstop.trainer.loggers import build_sinks
 from nonstop.trainer.metrics import MetricsLog, data_metrics, model_flops_metrics
 from nonstop.trainer.plots import plot_curves
-from nonstop.trainer.rollout_batch import RolloutBatch, Sample, generate_rollouts
-from nonstop.trainer.sync_probe import PROBE_PROMPTS, probe_diff, probe_engine
+from nonstop.trainer.rollout_batch import RolloutBatch, Sample, generate_rollouts_and_extra
+from nonstop.trainer.sync_probe import PROBE_PROMPTS, probe_diff, probe_engine, probe_params, probe_results
 
 # Estimators the loop can feed: outcome scores and groups, plus the critic's values for gae (remax's greedy baseline
 # pass does not exist yet).
@@ -497,7 +497,8 @@ class SyncTrainer:
         first_index: int = 0,
     ) -> RolloutBatch:
         """Generate and submit each prompt's samples for rule scoring as soon as they finish. With `metrics`, the
-        weight-sync probe runs first (when the engine holds its own copy of the weights). `first_index`: see
+        weight-sync probe's requests ride along in the same generate call (when the engine holds its own copy of the
+        weights; in a call of their own when `max_num_seqs` has no room for them). `first_index`: see
         `generate_rollouts`."""
 
         def submit(index: int, samples: list[Sample]) -> None:
@@ -509,15 +510,27 @@ class SyncTrainer:
         if self.free_cache_engine:
             self.llm.resume()
         self.model.eval()
+        probe, probe_outputs = [], []
         try:
-            if metrics is not None and not self.shares_weights and self.probe_prompts:
-                metrics["actor/sync_logprob_diff"] = self._sync_probe(step)
             per_prompt = [self.request_params(p, params) for p in prompts]
+            if metrics is not None and not self.shares_weights and self.probe_prompts:
+                probe = self.probe_prompts
+                room = self.llm.llm_engine.args.max_num_seqs - sum(p.n for p in per_prompt)
+                if room < len(probe):  # riding along would queue the probe behind the rollout: its own call first
+                    metrics["actor/sync_logprob_diff"] = self._sync_probe(step)
+                    probe = []
             on_done = submit if self.score_rules else None
-            return generate_rollouts(self.llm, prompts, per_prompt, self.seed, step, on_done, first_index)
+            batch, probe_outputs = generate_rollouts_and_extra(
+                self.llm, prompts, per_prompt, self.seed, step, on_done, first_index,
+                extra_prompts=probe, extra_params=probe_params(self.llm, probe, seed=step),
+            )  # fmt: skip
         finally:
             if self.free_cache_engine:
                 self.llm.release()
+        if probe:  # the trainer's half, on the same weights the probe's tokens were sampled with
+            responses, engine_logprobs = probe_results(probe_outputs)
+            metrics["actor/sync_logprob_diff"] = probe_diff(self.actor, probe, responses, engine_logprobs).mean().item()
+        return batch
 
     def _sync_probe(self, step: int) -> float:
         """Mean |engine − trainer| log-prob of the probe tokens (sync_probe.py)."""
