@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -53,48 +54,71 @@ class PrefixGroupedBatch:
 def pack_prefix_groups(
     groups: Sequence[tuple[TokenIds, Sequence[TokenIds]]], device: torch.device | str = "cpu"
 ) -> PrefixGroupedBatch:
-    """One micro-batch from (prompt_ids, [response_ids, …]) groups, in the order given."""
+    """One micro-batch from (prompt_ids, [response_ids, …]) groups, in the order given. Built with numpy on the host
+    and sent in one copy: the update waits for it with the GPU idle (per-response torch ops and a device nonzero
+    took ~9 ms of a Qwen2.5-0.5B step's host time on the H200, with Python stacks traced)."""
     if not groups:
         raise ValueError("cannot pack an empty micro-batch")
-    ids, positions, documents, segments, predict, response_lengths, group_lengths = [], [], [], [], [], [], []
-    offset = 0
+    pieces, segment_lengths, segment_ids, position_starts, group_lengths = [], [], [], [], []
+    response_lengths, prompt_last = [], []  # per response: its length, its prompt's last packed index
+    offset = 0  # packed index of the group's first token
     for g, (prompt, responses) in enumerate(groups):
-        prompt = torch.as_tensor(prompt, dtype=torch.long)
-        P = prompt.numel()
+        prompt = _as_ids(prompt)
+        P = len(prompt)
         if P == 0:
             raise ValueError(f"group {g} has an empty prompt; its first response tokens would have no predictor")
         if not responses:
             raise ValueError(f"group {g} has no responses")
-        ids.append(prompt)
-        positions.append(torch.arange(P))
-        segments.append(torch.zeros(P, dtype=torch.int32))
-        start = offset + P  # packed index of the current response's first token
+        pieces.append(prompt)
+        segment_lengths.append(P)
+        segment_ids.append(0)
+        position_starts.append(0)
         for j, response in enumerate(responses, start=1):
-            response = torch.as_tensor(response, dtype=torch.long)
-            r = response.numel()
-            ids.append(response)
-            positions.append(torch.arange(P, P + r))
-            segments.append(torch.full((r,), j, dtype=torch.int32))
-            # First token from the prompt's last position, then each from its left neighbour.
-            predict.append(torch.cat([torch.tensor([offset + P - 1]), torch.arange(start, start + max(r - 1, 0))])[:r])
-            response_lengths.append(r)
-            start += r
-        group_lengths.append(start - offset)
-        documents.append(torch.full((start - offset,), g, dtype=torch.int32))
-        offset = start
-    input_ids_T = torch.cat(ids).to(device)
-    segment_T = torch.cat(segments).to(device)
-    response_index_R = (segment_T > 0).nonzero().squeeze(1)
+            response = _as_ids(response)
+            pieces.append(response)
+            segment_lengths.append(len(response))
+            segment_ids.append(j)
+            position_starts.append(P)  # every response continues the prompt's positions
+            response_lengths.append(len(response))
+            prompt_last.append(offset + P - 1)
+        group_lengths.append(sum(segment_lengths[-len(responses) - 1 :]))
+        offset += group_lengths[-1]
+    lengths_S = np.array(segment_lengths, dtype=np.int64)
+    starts_S = np.cumsum(lengths_S) - lengths_S  # packed index of each segment's first token
+    T = int(lengths_S.sum())
+    input_ids_T = np.concatenate(pieces).astype(np.int64, copy=False)
+    positions_T = np.arange(T, dtype=np.int64) - np.repeat(starts_S - np.array(position_starts), lengths_S)
+    segment_T = np.repeat(np.array(segment_ids, dtype=np.int64), lengths_S)
+    document_T = np.repeat(np.arange(len(groups), dtype=np.int64), group_lengths)
+    response_index_R = np.flatnonzero(segment_T)
+    # Each response token is predicted by its left neighbour, a response's first token by its prompt's last one.
+    predict_index_R = response_index_R - 1
+    lengths_R = np.array(response_lengths, dtype=np.int64)
+    first_R = (np.cumsum(lengths_R) - lengths_R)[lengths_R > 0]  # each response's first token, in response order
+    predict_index_R[first_R] = np.array(prompt_last, dtype=np.int64)[lengths_R > 0]
+    R = len(response_index_R)
+    host = torch.from_numpy(
+        np.concatenate(
+            [input_ids_T, positions_T, document_T, segment_T, predict_index_R, input_ids_T[response_index_R]]
+        )
+    )
+    ids, positions, document, segment, predict, target = host.to(device).split([T, T, T, T, R, R])
     return PrefixGroupedBatch(
-        input_ids_T=input_ids_T,
-        positions_T=torch.cat(positions).to(device),
+        input_ids_T=ids,
+        positions_T=positions,
         group_lengths=group_lengths,
         response_lengths=response_lengths,
-        document_T=torch.cat(documents).to(device),
-        segment_T=segment_T,
-        predict_index_R=torch.cat(predict).to(device),
-        target_ids_R=input_ids_T[response_index_R],
+        document_T=document.to(torch.int32),
+        segment_T=segment.to(torch.int32),
+        predict_index_R=predict,
+        target_ids_R=target,
     )
+
+
+def _as_ids(ids: TokenIds) -> np.ndarray:
+    if isinstance(ids, Tensor):
+        return ids.detach().cpu().numpy().astype(np.int64, copy=False).reshape(-1)
+    return np.asarray(ids, dtype=np.int64).reshape(-1)
 
 
 def group_by_prompt(prompts: Sequence[Sequence[int]]) -> list[list[int]]:
