@@ -34,6 +34,7 @@ import numpy as np
 from nonstop.bench.env import default_result_path, environment, write_result
 from nonstop.bench.shapes import model_config, tiny_config
 from nonstop.bench.trainer_step import (
+    add_samples_per_prompt,
     prompt_texts,
     run_nonstop,
     write_model_dir,
@@ -60,14 +61,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--rollout-gpus", type=int, default=1, help="rollout ranks of the split:MODE runs")
     p.add_argument("--prompts", type=int, default=32, help="prompts per step (data.train_batch_size)")
-    p.add_argument(
-        "--n",
-        "--samples-per-prompt",
-        type=int,
-        default=8,
-        dest="n",
-        help="samples per prompt (under torchrun write --samples-per-prompt: its parser rejects --n as ambiguous)",
-    )
+    add_samples_per_prompt(p)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--response-len", type=int, default=1024, help="cap of the long tail (data.max_response_length)")
     p.add_argument("--median-response", type=int, default=192)

@@ -415,19 +415,25 @@ def sides(value: str) -> list[str]:
     return names
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="nonstop bench trainer", description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", default="qwen2.5-0.5b", help="model shape from nonstop.bench.shapes")
-    p.add_argument("--sides", type=sides, default=list(SIDES), help="what to run, in order (default nonstop,trl)")
-    p.add_argument("--prompts", type=int, default=8, help="prompts per step")
+def add_samples_per_prompt(p: argparse.ArgumentParser) -> None:
+    """`--n` (default 8), also spelled `--samples-per-prompt`: torchrun's parser scans the script's arguments too
+    and rejects `--n` as an ambiguous prefix of its own options, so runs under torchrun must use the long name."""
     p.add_argument(
         "--n",
         "--samples-per-prompt",
         type=int,
         default=8,
         dest="n",
-        help="completions per prompt (under torchrun write --samples-per-prompt: its parser rejects --n as ambiguous)",
+        help="samples per prompt (under torchrun write --samples-per-prompt: its parser rejects --n as ambiguous)",
     )
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nonstop bench trainer", description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", default="qwen2.5-0.5b", help="model shape from nonstop.bench.shapes")
+    p.add_argument("--sides", type=sides, default=list(SIDES), help="what to run, in order (default nonstop,trl)")
+    p.add_argument("--prompts", type=int, default=8, help="prompts per step")
+    add_samples_per_prompt(p)
     p.add_argument("--prompt-len", type=int, default=128, help="tokens per prompt")
     p.add_argument("--response-len", type=int, default=256, help="tokens per completion (forced on both sides)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first, on each side")
