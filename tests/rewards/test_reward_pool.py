@@ -164,12 +164,12 @@ def test_a_batch_behind_a_hanging_sample_is_scored_not_timed_out(user_fn):
     """One worker takes queued samples in batches: a hang inside one times out that sample alone; the samples after
     it, never started, go back to the queue and are scored by the replacement worker."""
     with RewardPool(user_fn, num_workers=1, timeout_s=1.0) as pool:
-        responses = ["7", "hang", "7", "8", "7"]
+        responses = ["hang", "7", "8", "7", "7"]  # batches of ceil(5 / 4) = 2: "7" waits behind the hang
         with pool._cond:  # submit all before the dispatcher wakes: they leave in one message
             for i, response in enumerate(responses):
                 pool._pending.append(_Task(i, ("user/task", response, "7", None)))
                 pool._open_ids.add(i)
         pool._wake_w.send_bytes(b"")
         results = pool.collect(range(5))
-    assert [results[i].status for i in range(5)] == ["ok", "timeout", "ok", "ok", "ok"]
-    assert [results[i].score for i in range(5)] == [1.0, 0.0, 1.0, 0.0, 1.0]
+    assert [results[i].status for i in range(5)] == ["timeout", "ok", "ok", "ok", "ok"]
+    assert [results[i].score for i in range(5)] == [0.0, 1.0, 0.0, 1.0, 1.0]

@@ -240,3 +240,54 @@ def test_sync_probe_rides_along_with_the_rollout_when_max_num_seqs_has_room(trai
     metrics = trainer.step(2)
     assert calls == ([samples // rollout.n + 2] if room else [2, samples // rollout.n])
     assert metrics["actor/sync_logprob_diff"] < 1e-5
+    # Riding along, the probe's tokens are engine work of the rollout's call and counted in its rollout/* metrics;
+    # in a call of its own they are not (profiling/metric_names.py).
+    rollout_tokens = metrics["response_length/mean"] * samples
+    assert (metrics["rollout/generated_tokens"] > rollout_tokens) == room
+    assert metrics["rollout/generated_tokens"] >= rollout_tokens
+
+
+def test_keeps_kv_cache_by_hand():
+    from nonstop.trainer.sync_trainer import keeps_kv_cache, training_peak_bytes
+
+    GB = 2**30
+    # 0.3 GB cache beside a 36 GB update on a 141 GB GPU: kept (0.2% of the GPU; 36.3 GB <= 112.8 GB).
+    assert keeps_kv_cache(int(0.3 * GB), 141 * GB, 36 * GB, kv_was_resident=False)
+    # Over 5% of the GPU: always released, however much room is left.
+    assert not keeps_kv_cache(8 * GB, 141 * GB, 1 * GB, kv_was_resident=False)
+    # Small, but the update would pass 80% with it: 110 + 3 > 112.8 released; 110 already holding it: kept.
+    assert not keeps_kv_cache(3 * GB, 141 * GB, 110 * GB, kv_was_resident=False)
+    assert keeps_kv_cache(3 * GB, 141 * GB, 110 * GB, kv_was_resident=True)
+    # The training peak leaves out the phases that run the engine and the step that encloses them.
+    metrics = {
+        "perf/max_memory_allocated_gb": 50.0,
+        "perf/max_memory_allocated_gb/step": 50.0,
+        "perf/max_memory_allocated_gb/gen": 50.0,
+        "perf/max_memory_allocated_gb/testing": 40.0,
+        "perf/max_memory_allocated_gb/update_actor": 36.0,
+        "perf/max_memory_allocated_gb/adv": 6.0,
+    }
+    assert training_peak_bytes(metrics) == 36 * GB
+    assert training_peak_bytes({"timing_s/step": 1.0}) is None  # no CUDA memory metrics (CPU)
+
+
+def test_a_small_kv_cache_stays_resident_after_the_first_step(trainer_factory, monkeypatch):
+    """The CUDA policy of `free_cache_engine` on the CPU engine: the first step releases (and measures the update
+    without the cache), later steps keep a cache the update has room beside; a GPU without that room releases."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from nonstop.trainer import sync_trainer
+
+    monkeypatch.setattr(sync_trainer, "training_peak_bytes", lambda metrics: 2**20)  # a 1 MiB update
+    for total_kv_multiple, expected in ((100, [1.0, 0.0, 0.0]), (10, [1.0, 1.0, 1.0])):
+        trainer = trainer_factory(("trainer.total_training_steps=3",), engine_copy=True)
+        trainer.free_cache_engine = True
+        runner = trainer.llm.llm_engine.model_runner
+        kv_bytes = (runner.num_kv_blocks + 1) * runner.kv_block_bytes
+        gpu = SimpleNamespace(total_memory=total_kv_multiple * kv_bytes)  # 10x: the cache is 10% of the GPU
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device, gpu=gpu: gpu)
+        released = [trainer.step(step)["rollout/kv_cache_released"] for step in (1, 2, 3)]
+        assert released == expected
+        assert runner.has_kv_cache == (expected[-1] == 0.0)  # kept through the last update, or released for it

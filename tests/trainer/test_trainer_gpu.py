@@ -1,5 +1,6 @@
 """The CUDA trainer path (GPU machine only): a bf16 engine copy refreshed in place by `update_weights`, the KV cache
-released during the update and re-taken for generation, bf16 autocast updates over fp32 master weights."""
+released during the first update (later ones keep a cache this small), bf16 autocast updates over fp32 master
+weights."""
 
 from __future__ import annotations
 
@@ -30,7 +31,10 @@ def test_cuda_trainer_learns_with_a_synced_bf16_engine(tmp_path):
         assert {name: p.data_ptr() for name, p in trainer.llm.model.named_parameters()} == addresses
         for name, p in trainer.model.named_parameters():  # the engine holds the trainer's final weights, rounded
             torch.testing.assert_close(engine_params[name], p.detach().to(torch.bfloat16), atol=0, rtol=0)
-        assert not trainer.llm.llm_engine.model_runner.has_kv_cache  # released after the last generation
+        # free_cache_engine: released for the first update; the tiny model's cache (far under 5% of the GPU, with
+        # room beside the update) stays resident from the second step on.
+        assert [m["rollout/kv_cache_released"] for m in history] == [1.0] + [0.0] * (len(history) - 1)
+        assert trainer.llm.llm_engine.model_runner.has_kv_cache
         assert all(m["perf/max_memory_allocated_gb"] > 0 for m in history)
         assert (trainer.run_dir / "checkpoints/global_step_8/actor/model.safetensors").is_file()
     finally:

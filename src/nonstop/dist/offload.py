@@ -8,7 +8,7 @@ import torch
 
 def optimizer_state_to(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
     """Move every tensor of the optimizer state to `device` in place (sharded DTensors keep their sharding). The
-    step counters stay where AdamW put them (CPU scalars unless `capturable`)."""
+    step counters stay where AdamW put them (CPU scalars unless `capturable` or `fused`, then on the parameters' device)."""
     for state in optimizer.state.values():
         for key, value in state.items():
             if torch.is_tensor(value) and key != "step":

@@ -1,7 +1,9 @@
 """The per-step metrics `nonstop doctor` reads from `metrics.jsonl` besides `timing_s/*`, with their definitions.
 
 Each is summed (counts, seconds) or time-weighted (fractions) over every `generate` / update call of one training
-step, the weight-sync probe excluded. The doctor treats a missing metric as missing evidence ("no data"), never as 0.
+step. The weight-sync probe is left out when it runs as a generate call of its own; when its two short requests ride
+along in the rollout's call (`max_num_seqs` has room) they are that call's engine work and counted with it. The
+doctor treats a missing metric as missing evidence ("no data"), never as 0.
 """
 
 from __future__ import annotations

@@ -51,6 +51,7 @@ class _Task:
 # reports the one before it: a batch only saves the dispatcher's round trip per sample (a send, a wake-up and the
 # GIL), which with one worker made the last 64 samples of an H200 step wait ~10 ms.
 MAX_BATCH = 16
+BATCHES_PER_SHARE = 4
 
 
 @dataclass
@@ -263,9 +264,9 @@ class RewardPool:
             raise
 
     def _dispatch(self) -> None:
-        # The queue's share of each worker, busy and starting ones counted: one that frees up soon takes its part
-        # then, instead of an idle one taking everything now and scoring it in sequence.
-        size = min(MAX_BATCH, -(-len(self._pending) // max(1, len(self._workers))))
+        # A quarter of each worker's share of the queue, busy and starting workers counted: one that frees up soon
+        # takes its part then, and a slow sample holds few others behind it while the rest of the pool is idle.
+        size = min(MAX_BATCH, -(-len(self._pending) // (BATCHES_PER_SHARE * max(1, len(self._workers)))))
         for w in self._workers:
             if not self._pending:
                 return

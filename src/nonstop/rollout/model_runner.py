@@ -441,30 +441,26 @@ class ModelRunner:
         )  # fmt: skip
 
     def allocate_kv_cache(self) -> None:
-        """Take the KV cache, where the CUDA graphs captured it if possible. The released cache is usually still a
-        free block of PyTorch's caching allocator (of exactly its size, so best-fit hands it back); only when it is
-        not are the allocator's cached blocks returned to the driver and the allocation tried once more, and only if
-        that lands elsewhere are the graphs dropped (re-captured at the next decode)."""
         c = self.config
         shape = (2, c.num_hidden_layers, self.num_kv_blocks + 1, self.block_size, c.num_key_value_heads, c.head_dim)
-        graphs = getattr(self, "graphs", None)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # the trainer's cached blocks go back first: the old KV address is likeliest free
         cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        if self.device.type == "cuda" and graphs is not None and graphs.kv_cache_moved(cache[0, 0].data_ptr()):
-            del cache
-            torch.cuda.empty_cache()
-            cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.k_caches, self.v_caches = list(cache[0]), list(cache[1])
+        graphs = getattr(self, "graphs", None)
         if graphs is not None and graphs.kv_cache_moved(self.k_caches[0].data_ptr()):
             graphs.clear()
 
     def release_kv_cache(self) -> None:
-        """Free the KV cache into PyTorch's caching allocator, not to the driver: the trainer in this process takes
-        its memory from there (and the allocator returns cached blocks to the driver by itself before it would run
-        out). Returning it with `empty_cache` cost every step the trainer's own cached blocks too, re-taken with
-        cudaMalloc at its next update (~45 ms a step on the H200 bench). The CUDA graphs are kept: they are never
-        replayed without a cache, and `allocate_kv_cache` drops them if the new cache is not where they captured
-        the old one."""
+        """Free the KV cache, back to the driver: left in PyTorch's caching allocator, its block would be split for
+        the trainer's tensors, and any that outlive the update (AdamW's moments, created at the first step) would
+        keep the cache from fitting there again (a second cache-sized allocation, possibly out of memory). The CUDA
+        graphs are kept: they are never replayed without a cache, and `allocate_kv_cache` drops them if the new cache
+        is not where they captured the old one. Releasing costs the trainer's cached blocks too (`empty_cache`):
+        the trainer keeps a cache that is small beside its update resident instead (`SyncTrainer`)."""
         self.k_caches, self.v_caches = [], []
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     @property
     def has_kv_cache(self) -> bool:
