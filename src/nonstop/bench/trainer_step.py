@@ -491,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from nonstop.bench.env import default_result_path, environment, work_dir, write_result
     from nonstop.bench.shapes import model_config
-    from nonstop.dist import is_rank_zero
+    from nonstop.dist import current, is_rank_zero
 
     model_cfg = model_config(args.shape)
     env = environment()
@@ -504,7 +504,8 @@ def main(argv: list[str] | None = None) -> int:
         result = run(model_cfg, args, work)
     print(
         f"\n{args.shape}: {args.prompts} prompts x {args.n} completions x {args.response_len} tokens (prompts "
-        f"{args.prompt_len} tokens); {env.get('gpu', 'cpu')}, torch {env['torch']}, TRL {env.get('trl')}"
+        f"{args.prompt_len} tokens); {env.get('gpu', 'cpu')}, torch {env['torch']}, TRL {env.get('trl')}; "
+        f"{current().world_size} rank(s)"
     )
     print(table(result))
     found = problems(result, args.response_len)
@@ -512,6 +513,13 @@ def main(argv: list[str] | None = None) -> int:
         print("PROBLEM:", problem)
     if args.out and is_rank_zero():  # under torchrun every rank measured; rank 0 writes
         command = "nonstop bench trainer " + " ".join(argv or [])
-        payload = {"environment": env, "command": command, "shape": args.shape, "workload": workload(args), **result}
+        payload = {
+            "environment": env,
+            "command": command,
+            "shape": args.shape,
+            "workload": workload(args),
+            "world_size": current().world_size,  # the ranks that shared the step's prompts (torchrun)
+            **result,
+        }
         write_result(default_result_path("trainer") if args.out == "auto" else args.out, payload)
     return 1 if found else 0
