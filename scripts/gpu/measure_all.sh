@@ -62,10 +62,11 @@ for step in ${STEPS:-tests rollout}; do case $step in
       --shapes qwen2.5-0.5b --workloads fixed --num-scheduler-steps 1,8 --transformers '' --out "$OUT/rollout-base.json"
     t b_rollout 150 python3 -m nonstop bench rollout --shapes qwen2.5-0.5b --workloads fixed --num-scheduler-steps 1,8 \
       --out "$OUT/rollout.json" ;;
-  trainer) t b_trainer 240 python3 -m nonstop bench trainer \
+  trainer) runs=$((${runs:-0} + 1))  # STEPS="trainer trainer": each run its own log and JSON
+    t b_trainer$runs 240 python3 -m nonstop bench trainer \
     --variant k1 actor_rollout_ref.rollout.num_scheduler_steps=1 \
     --variant resident actor_rollout_ref.rollout.free_cache_engine=False \
-    --out "$OUT/trainer.json" ;;
+    --out "$OUT/trainer$runs.json" ;;
   prefix_step)  # issue 8's whole step: ungrouped, grouped, grouped + cascade decode, in one run
     t b_prefix_step 240 python3 -m nonstop bench trainer --sides nonstop --shape qwen2.5-1.5b --prompts 4 --n 8 \
       --prompt-len 4096 --response-len 512 --warmup 1 --steps 3 --override actor_rollout_ref.actor.use_dynamic_bsz=True \
