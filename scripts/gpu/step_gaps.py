@@ -51,6 +51,21 @@ def host_functions(events: list[dict], start: float, end: float, top: int) -> li
     return found[:top]
 
 
+def slow_ops(events: list[dict], start: float, end: float, tid, top: int) -> list[tuple[float, str]]:
+    """(duration µs, name) of the longest CPU ops of thread `tid` inside [start, end], outermost ones only."""
+    ops = sorted(
+        (e for e in events if e.get("cat") == "cpu_op" and e.get("tid") == tid and start <= e["ts"] <= end),
+        key=lambda e: e["ts"],
+    )
+    outer, reach = [], -1.0
+    for e in ops:
+        if e["ts"] >= reach:
+            outer.append(e)
+            reach = e["ts"] + e.get("dur", 0)
+    outer.sort(key=lambda e: -e.get("dur", 0))
+    return [(e.get("dur", 0), e["name"]) for e in outer[:top] if e.get("dur", 0) >= 300]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--step", type=int, default=5)
@@ -98,10 +113,15 @@ def main() -> int:
     found = sorted(gaps(busy, 200.0), key=lambda g: g[0] - g[1])
     print(f"step {known.step}: {total / 1e3:.1f} ms first to last kernel, kernel-busy {busy_us / total:.1%}")
     print(f"gaps >= 0.2 ms: {len(found)}, {sum(b - a for a, b in found) / 1e3:.1f} ms idle")
+    steps = [e for e in events if e.get("cat") == "python_function" and e["name"].endswith("_train_step")]
+    main_tid = steps[0]["tid"] if steps else None
+    print(f"torch CPU threads: {torch.get_num_threads()}")
     for start, end in found[: known.gaps]:
         print(f"\n== gap {(end - start) / 1e3:.1f} ms at {(start - busy[0][0]) / 1e3:.1f} ms")
         for overlap, dur, name in host_functions(events, start, end, 14):
             print(f"  {overlap / 1e3:7.2f} of {dur / 1e3:7.2f} ms  {name[:150]}")
+        for dur, name in slow_ops(events, start, end, main_tid, 6):  # CPU ops >= 0.3 ms: contention shows here
+            print(f"  op {dur / 1e3:7.2f} ms  {name[:100]}")
     return 0
 
 
