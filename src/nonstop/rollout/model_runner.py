@@ -463,6 +463,11 @@ class ModelRunner:
             torch.cuda.empty_cache()
 
     @property
+    def kv_cache_bytes(self) -> int:
+        """What the cache takes when allocated: its blocks plus the scratch block of padded graph rows."""
+        return (self.num_kv_blocks + 1) * self.kv_block_bytes
+
+    @property
     def has_kv_cache(self) -> bool:
         return bool(self.k_caches)
 

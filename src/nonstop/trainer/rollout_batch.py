@@ -86,28 +86,16 @@ def generate_rollouts(
     step: int,
     on_prompt_done: Callable[[int, list[Sample]], None] | None = None,
     first_index: int = 0,
-) -> RolloutBatch:
-    """n samples per prompt, prompt i seeded by `prompt_seed(base_seed, step, first_index + i)` (greedy ignores the
-    seed; `first_index` numbers the prompts of a step's later generation batches on from its earlier ones).
-    `params` is one SamplingParams for all prompts or one per prompt. `on_prompt_done(i, samples)` gets prompt i's
-    samples as soon as they are all finished, in finishing order."""
-    batch, _ = generate_rollouts_and_extra(llm, prompts, params, base_seed, step, on_prompt_done, first_index)
-    return batch
-
-
-def generate_rollouts_and_extra(
-    llm: LLM,
-    prompts: Sequence[TokenizedPrompt],
-    params: SamplingParams | Sequence[SamplingParams],
-    base_seed: int,
-    step: int,
-    on_prompt_done: Callable[[int, list[Sample]], None] | None = None,
-    first_index: int = 0,
     extra_prompts: Sequence[list[int]] = (),
     extra_params: Sequence[SamplingParams] = (),
 ) -> tuple[RolloutBatch, list[RequestOutput]]:
-    """`generate_rollouts`, with more requests in the same generate call (their own SamplingParams, seeds kept):
-    their outputs come back in order beside the batch, and never reach `on_prompt_done`. The trainer's weight-sync
+    """n samples per prompt, prompt i seeded by `prompt_seed(base_seed, step, first_index + i)` (greedy ignores the
+    seed; `first_index` numbers the prompts of a step's later generation batches on from its earlier ones).
+    `params` is one SamplingParams for all prompts or one per prompt. `on_prompt_done(i, samples)` gets prompt i's
+    samples as soon as they are all finished, in finishing order.
+
+    `extra_prompts` / `extra_params`: more requests in the same generate call (their own SamplingParams, seeds kept),
+    whose outputs come back in order beside the batch and never reach `on_prompt_done`. The trainer's weight-sync
     probe rides along this way instead of paying a generate call of its own."""
     params_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
     per_prompt = [replace(p, seed=prompt_seed(base_seed, step, first_index + i)) for i, p in enumerate(params_list)]

@@ -59,7 +59,7 @@ from nonstop.trainer.dynamic_sampling import GroupCollector, metric_values
 from nonstop.trainer.loggers import build_sinks
 from nonstop.trainer.metrics import MetricsLog, data_metrics, model_flops_metrics
 from nonstop.trainer.plots import plot_curves
-from nonstop.trainer.rollout_batch import RolloutBatch, Sample, generate_rollouts_and_extra
+from nonstop.trainer.rollout_batch import RolloutBatch, Sample, generate_rollouts
 from nonstop.trainer.sync_probe import PROBE_PROMPTS, probe_diff, probe_engine, probe_params, probe_results
 
 # Estimators the loop can feed: outcome scores and groups, plus the critic's values for gae (remax's greedy baseline
@@ -528,7 +528,7 @@ class SyncTrainer:
                     metrics["actor/sync_logprob_diff"] = self._sync_probe(step)
                     probe = []
             on_done = submit if self.score_rules else None
-            batch, probe_outputs = generate_rollouts_and_extra(
+            batch, probe_outputs = generate_rollouts(
                 self.llm, prompts, per_prompt, self.seed, step, on_done, first_index,
                 extra_prompts=probe, extra_params=probe_params(self.llm, probe, seed=step),
             )  # fmt: skip
@@ -545,8 +545,7 @@ class SyncTrainer:
         """`free_cache_engine`, except for a cache the update does not need the room of (`keeps_kv_cache`)."""
         if self.training_peak_bytes is None:
             return False  # the first step releases, as verl does, and measures the update's peak without the cache
-        runner = self.llm.llm_engine.model_runner
-        kv_bytes = (runner.num_kv_blocks + 1) * runner.kv_block_bytes
+        kv_bytes = self.llm.llm_engine.model_runner.kv_cache_bytes
         total = torch.cuda.get_device_properties(self.device).total_memory
         return keeps_kv_cache(kv_bytes, total, self.training_peak_bytes, self.kv_resident_in_training)
 
@@ -616,9 +615,9 @@ def keeps_kv_cache(kv_bytes: int, total_bytes: int, training_peak_bytes: int, kv
 def freeze_heap() -> None:
     """Move every object alive now (modules, the model, the engine, its compiled kernels and graphs: the first step
     creates the rest of them) out of the garbage collector's reach. Python's full collections otherwise scan them
-    all, ~0.4 M objects, on the host's critical path between generation and the update (up to ~0.1 s on a 2-core
-    CPU, measured with gc callbacks; a step-5 profile on the H200 had ~20 ms stalls in trivial code there). vLLM
-    and SGLang freeze their heaps after start-up the same way. Objects created later are collected as usual."""
+    all, ~0.4 M objects, on the host's critical path between generation and the update (up to ~0.1 s each on a
+    2-core CPU, measured with gc callbacks; not yet measured on the H200 host). vLLM and SGLang freeze their heaps
+    after start-up the same way. Objects created later are collected as usual."""
     gc.collect()
     gc.freeze()
 
