@@ -173,3 +173,35 @@ def test_a_batch_behind_a_hanging_sample_is_scored_not_timed_out(user_fn):
         results = pool.collect(range(5))
     assert [results[i].status for i in range(5)] == ["timeout", "ok", "ok", "ok", "ok"]
     assert [results[i].score for i in range(5)] == [0.0, 1.0, 0.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_submit_many_scores_each_sample_like_submit(user_fn, failures, num_workers):
+    samples = [
+        ("ok", "user/task", "x", "x", None),
+        ("no", "user/task", "x", "y", None),
+        ("err", "user/task", "raise", "x", None),
+    ]
+    with RewardPool(user_fn, num_workers=num_workers, timeout_s=5.0) as pool:
+        pool.submit_many(samples)
+        pool.submit_many([])  # nothing to do, no error
+        results = pool.collect(["err", "no", "ok"])
+        metrics = pool.pop_metrics()
+    assert {k: (r.score, r.status) for k, r in results.items()} == {
+        "ok": (1.0, "ok"),
+        "no": (0.0, "ok"),
+        "err": (0.0, "error"),
+    }
+    assert metrics["reward/num_scored"] == 3 and metrics["reward/errors"] == 1
+
+
+def test_submit_many_rejects_a_repeated_id_and_submits_none_of_the_batch():
+    pool = RewardPool(default_compute_score, num_workers=0)
+    pool.submit(0, "openai/gsm8k", "#### 1", "1")
+    with pytest.raises(ValueError, match="sample_id 0 was already submitted"):
+        pool.submit_many([(1, "openai/gsm8k", "#### 1", "1", None), (0, "openai/gsm8k", "#### 1", "1", None)])
+    with pytest.raises(ValueError, match="sample_id 2 was already submitted"):
+        pool.submit_many([(2, "openai/gsm8k", "#### 1", "1", None), (2, "openai/gsm8k", "#### 2", "2", None)])
+    with pytest.raises(KeyError, match="never submitted"):
+        pool.collect([1])  # the refused batch left nothing behind
+    assert pool.collect([0])[0].score == 1.0

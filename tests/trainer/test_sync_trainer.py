@@ -142,13 +142,14 @@ def test_rewards_are_submitted_while_generation_is_still_running(trainer_factory
     trainer = trainer_factory(("trainer.total_training_steps=1", "data.train_batch_size=4"))
     engine = trainer.llm.llm_engine
     pending_at_submit = []
-    real_submit = trainer.reward_pool.submit
+    real_submit = trainer.reward_pool.submit_many
 
-    def spy(*args, **kwargs):
-        pending_at_submit.append(engine.has_unfinished_requests())
-        return real_submit(*args, **kwargs)
+    def spy(samples):
+        samples = list(samples)
+        pending_at_submit.extend([engine.has_unfinished_requests()] * len(samples))
+        return real_submit(samples)
 
-    trainer.reward_pool.submit = spy
+    trainer.reward_pool.submit_many = spy
     # Different response budgets per prompt make the groups finish at different engine steps.
     real_generate = trainer.llm.generate
 
@@ -245,6 +246,25 @@ def test_sync_probe_rides_along_with_the_rollout_when_max_num_seqs_has_room(trai
     rollout_tokens = metrics["response_length/mean"] * samples
     assert (metrics["rollout/generated_tokens"] > rollout_tokens) == room
     assert metrics["rollout/generated_tokens"] >= rollout_tokens
+
+
+def test_riding_along_the_probe_is_scored_while_the_rollout_still_decodes(trainer_factory, monkeypatch):
+    import nonstop.trainer.sync_probe as sync_probe
+    import nonstop.trainer.sync_trainer as sync_trainer
+
+    monkeypatch.setattr(sync_probe, "PROBE_TOKENS", 2)  # the probe finishes first: 2 tokens to the rollout's 8
+    trainer = trainer_factory(
+        ("trainer.total_training_steps=1", "actor_rollout_ref.rollout.ignore_eos=True"), engine_copy=True
+    )
+    pending, real = [], sync_trainer.probe_diff
+    monkeypatch.setattr(
+        sync_trainer,
+        "probe_diff",
+        lambda *a: pending.append(trainer.llm.llm_engine.has_unfinished_requests()) or real(*a),
+    )
+    metrics = trainer.step(1)
+    assert pending == [True]  # scored once, mid-rollout
+    assert metrics["actor/sync_logprob_diff"] < 1e-5
 
 
 def test_keeps_kv_cache_by_hand():

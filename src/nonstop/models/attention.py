@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from nonstop.models.transfer import host_to_device
+
 
 class AttentionBackend(Protocol):
     def __call__(self, layer_idx: int, q_THE: Tensor, k_TKE: Tensor, v_TKE: Tensor) -> Tensor: ...
@@ -99,7 +101,7 @@ class PackedAttention:
     def from_lengths(cls, lengths: list[int], device: torch.device | str) -> PackedAttention:
         cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
         cu[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
-        return cls(cu.to(device), max(lengths))
+        return cls(host_to_device(cu, device), max(lengths))
 
     def __call__(self, layer_idx: int, q_THE: Tensor, k_TKE: Tensor, v_TKE: Tensor) -> Tensor:
         q_THE, k_TKE, v_TKE = autocast_inputs(q_THE, k_TKE, v_TKE)

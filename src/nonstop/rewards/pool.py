@@ -133,31 +133,43 @@ class RewardPool:
         ground_truth: Any,
         extra_info: dict | None = None,
     ) -> None:
-        task = _Task(sample_id, (data_source, solution_str, ground_truth, extra_info))
+        self.submit_many([(sample_id, data_source, solution_str, ground_truth, extra_info)])
+
+    def submit_many(self, samples: Iterable[tuple[Hashable, str, str, Any, dict | None]]) -> None:
+        """`submit` for several (sample_id, data_source, solution_str, ground_truth, extra_info) at once: one lock and
+        one wake-up of the dispatcher for all of them (a GRPO group's samples finish together; 64 single submits
+        took ~8 ms of the trainer's thread on a 2-core CPU, half of it the dispatcher's wake-ups)."""
+        tasks = [_Task(sample_id, tuple(args)) for sample_id, *args in samples]
         with self._cond:
             if self._closed:
                 raise RuntimeError("RewardPool.submit after close()")
             if self._fatal is not None:
                 raise RewardSetupError(self._fatal)
-            if sample_id in self._open_ids:
-                raise ValueError(f"sample_id {sample_id!r} was already submitted and not yet collected")
-            self._open_ids.add(sample_id)
+            ids: set[Hashable] = set()
+            for t in tasks:
+                if t.sample_id in self._open_ids or t.sample_id in ids:
+                    raise ValueError(f"sample_id {t.sample_id!r} was already submitted and not yet collected")
+                ids.add(t.sample_id)
+            if not tasks:
+                return
+            self._open_ids.update(ids)
             now = time.perf_counter()
             if self._window.first_submit is None:
                 self._window.first_submit = now
             self._window.last_submit = now
             if self.num_workers > 0:
-                self._pending.append(task)
+                self._pending.extend(tasks)
                 self._wake_w.send_bytes(b"")
                 return
-        try:
-            result = score_one(self.compute_score, *task.args)
-        except RewardSetupError:
+        for task in tasks:
+            try:
+                result = score_one(self.compute_score, *task.args)
+            except RewardSetupError:
+                with self._cond:
+                    self._open_ids.difference_update(t.sample_id for t in tasks if t.sample_id not in self._results)
+                raise
             with self._cond:
-                self._open_ids.discard(sample_id)
-            raise
-        with self._cond:
-            self._finish(task, result)
+                self._finish(task, result)
 
     def collect(self, sample_ids: Iterable[Hashable]) -> dict[Hashable, RewardResult]:
         """Block until every id is scored, then hand the results over (each id is collected once)."""

@@ -47,6 +47,7 @@ import torch
 from torch import Tensor
 
 from nonstop.kernels.cascade_decode import CascadeMetadata
+from nonstop.models.transfer import host_to_device
 from nonstop.models.transformer import CausalLM
 from nonstop.rollout.cascade import MAX_PREFIX_SPLITS, plan_cascade, use_cascade
 from nonstop.rollout.cuda_graphs import DecodeGraphs
@@ -695,12 +696,8 @@ class ModelRunner:
         )
 
     def _to_device(self, values, dtype: torch.dtype = torch.int64) -> Tensor:
-        host = torch.as_tensor(values, dtype=dtype)
-        if self.device.type != "cuda":
-            return host
-        # Pinned and non-blocking: a pageable copy would wait for the step in flight (async scheduling). The caching
-        # host allocator keeps the pinned block alive until the copy has run.
-        return host.contiguous().pin_memory().to(self.device, non_blocking=True)
+        # Pinned and non-blocking: a pageable copy would wait for the step in flight (async scheduling).
+        return host_to_device(torch.as_tensor(values, dtype=dtype), self.device)
 
     def decode_input_ids(self, num_rows: int) -> Tensor:
         """The decode rows' input ids: the uploaded ones, or, for a token the previous step was still sampling when

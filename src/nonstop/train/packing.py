@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from nonstop.models.attention import PackedAttention, packed_positions
+from nonstop.models.attention import PackedAttention
+from nonstop.models.transfer import host_to_device
 from nonstop.train.logprob import chunked_logprobs_and_entropy
 
 if TYPE_CHECKING:
@@ -58,21 +59,28 @@ def pack_sequences(
         prompt, response = torch.as_tensor(prompt, dtype=torch.long), torch.as_tensor(response, dtype=torch.long)
         if prompt.numel() == 0:
             raise ValueError(f"sequence {i} has an empty prompt; its first response token would have no predictor")
-        ids += [prompt, response]
+        ids += [prompt.cpu(), response.cpu()]
         is_response += [torch.zeros(prompt.numel(), dtype=torch.bool), torch.ones(response.numel(), dtype=torch.bool)]
         lengths.append(prompt.numel() + response.numel())
         response_lengths.append(response.numel())
-    input_ids_T = torch.cat(ids).to(device)
-    response_mask_T = torch.cat(is_response).to(device)
+    # Built on the host and sent in one non-blocking copy: the weight-sync probe packs while decode steps are in
+    # flight, which a pageable copy or a device nonzero would wait for.
+    input_ids_T = torch.cat(ids)
+    response_mask_T = torch.cat(is_response)
     response_index_R = response_mask_T.nonzero().squeeze(1)
+    positions_T = torch.cat([torch.arange(n) for n in lengths])
+    T, R = len(input_ids_T), len(response_index_R)
+    predict_index_R, target_ids_R = response_index_R - 1, input_ids_T[response_index_R]
+    host = torch.cat([input_ids_T, positions_T, response_mask_T.long(), predict_index_R, target_ids_R])
+    ids_T, positions_T, mask_T, predict_R, target_R = host_to_device(host, device).split([T, T, T, R, R])
     return PackedBatch(
-        input_ids_T=input_ids_T,
-        positions_T=packed_positions(lengths, device),
+        input_ids_T=ids_T,
+        positions_T=positions_T,
         lengths=lengths,
         response_lengths=response_lengths,
-        response_mask_T=response_mask_T,
-        predict_index_R=response_index_R - 1,
-        target_ids_R=input_ids_T[response_index_R],
+        response_mask_T=mask_T.bool(),
+        predict_index_R=predict_R,
+        target_ids_R=target_R,
     )
 
 

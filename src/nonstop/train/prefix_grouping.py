@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from nonstop.models.prefix_attention import PrefixGroupedAttention
+from nonstop.models.transfer import host_to_device
 from nonstop.train.balancing import token_budget_micro_batches
 
 TokenIds = Sequence[int] | Tensor
@@ -102,7 +103,7 @@ def pack_prefix_groups(
             [input_ids_T, positions_T, document_T, segment_T, predict_index_R, input_ids_T[response_index_R]]
         )
     )
-    ids, positions, document, segment, predict, target = host.to(device).split([T, T, T, T, R, R])
+    ids, positions, document, segment, predict, target = host_to_device(host, device).split([T, T, T, T, R, R])
     return PrefixGroupedBatch(
         input_ids_T=ids,
         positions_T=positions,

@@ -88,6 +88,7 @@ def generate_rollouts(
     first_index: int = 0,
     extra_prompts: Sequence[list[int]] = (),
     extra_params: Sequence[SamplingParams] = (),
+    on_extras_done: Callable[[list[RequestOutput]], None] | None = None,
 ) -> tuple[RolloutBatch, list[RequestOutput]]:
     """n samples per prompt, prompt i seeded by `prompt_seed(base_seed, step, first_index + i)` (greedy ignores the
     seed; `first_index` numbers the prompts of a step's later generation batches on from its earlier ones).
@@ -95,14 +96,20 @@ def generate_rollouts(
     samples as soon as they are all finished, in finishing order.
 
     `extra_prompts` / `extra_params`: more requests in the same generate call (their own SamplingParams, seeds kept),
-    whose outputs come back in order beside the batch and never reach `on_prompt_done`. The trainer's weight-sync
-    probe rides along this way instead of paying a generate call of its own."""
+    whose outputs come back in order beside the batch and never reach `on_prompt_done`; `on_extras_done(outputs)`
+    gets them all, in order, as soon as the last of them finishes. The trainer's weight-sync probe rides along this
+    way instead of paying a generate call of its own, and scores its tokens while the rollout is still decoding."""
     params_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
     per_prompt = [replace(p, seed=prompt_seed(base_seed, step, first_index + i)) for i, p in enumerate(params_list)]
     by_prompt: dict[int, list[Sample]] = {}
 
+    extras: dict[int, RequestOutput] = {}
+
     def finished(index: int, output: RequestOutput) -> None:
         if index >= len(prompts):
+            extras[index - len(prompts)] = output
+            if on_extras_done is not None and len(extras) == len(extra_prompts):
+                on_extras_done([extras[j] for j in range(len(extra_prompts))])
             return
         by_prompt[index] = _samples(prompts[index], output)
         if on_prompt_done is not None:

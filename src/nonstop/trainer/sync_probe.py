@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from nonstop.models.transfer import host_to_device
 from nonstop.rollout import LLM, RequestOutput, SamplingParams
 
 PROBE_PROMPTS, PROBE_TOKENS = 2, 16  # a few sampled tokens of the first step's first prompts
@@ -38,7 +39,9 @@ def probe_engine(llm: LLM, prompts: list[list[int]], seed: int) -> tuple[list[li
 
 def probe_diff(actor, prompts: list[list[int]], responses: list[list[int]], engine_logprobs: list[float]) -> Tensor:
     """The trainer's half (`actor.sequence_logprobs`, a collective over sharded trainer ranks): `[R]` |trainer −
-    engine| per probed token."""
+    engine| per probed token, on the trainer's device. Nothing here waits for the GPU, so the sync trainer runs it
+    while the rollout's decode steps are still queued."""
     pairs = list(zip(prompts, responses, strict=True))
-    trainer_R = actor.sequence_logprobs(pairs).float().cpu()
-    return (trainer_R - torch.tensor(engine_logprobs)).abs()
+    trainer_R = actor.sequence_logprobs(pairs).float()
+    engine_R = host_to_device(torch.tensor(engine_logprobs, dtype=torch.float32), trainer_R.device)
+    return (trainer_R - engine_R).abs()

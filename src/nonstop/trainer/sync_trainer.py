@@ -45,7 +45,7 @@ from nonstop.profiling import PhaseRecorder, RunProfiler
 from nonstop.rewards import RewardPool
 from nonstop.rewards.overlong import overlong_penalties
 from nonstop.rewards.reward_model import RewardModel
-from nonstop.rollout import LLM, SamplingParams
+from nonstop.rollout import LLM, RequestOutput, SamplingParams
 from nonstop.trainer.actor import Actor
 from nonstop.trainer.checkpoint import (
     TrainingState,
@@ -509,16 +509,30 @@ class SyncTrainer:
         `generate_rollouts`."""
 
         def submit(index: int, samples: list[Sample]) -> None:
-            for j, s in enumerate(samples):
-                text = self.tokenizer.decode(s.response_token_ids, skip_special_tokens=True)
-                sample_id = f"{reward_prefix}-{index * len(samples) + j}"
-                self.reward_pool.submit(sample_id, s.data_source, text, s.ground_truth, s.extra_info)
+            decode = self.tokenizer.decode
+            self.reward_pool.submit_many(
+                (
+                    f"{reward_prefix}-{index * len(samples) + j}",
+                    s.data_source,
+                    decode(s.response_token_ids, skip_special_tokens=True),
+                    s.ground_truth,
+                    s.extra_info,
+                )
+                for j, s in enumerate(samples)
+            )
+
+        probe_diffs: list[torch.Tensor] = []
+
+        def score_probe(outputs: list[RequestOutput]) -> None:
+            """The probe's trainer half as soon as its tokens are sampled, mid-rollout: its kernels queue behind the
+            decode steps in flight instead of running after the rollout with the GPU waiting on the host."""
+            probe_diffs.append(probe_diff(self.actor, probe, *probe_results(outputs)))
 
         if self.free_cache_engine:
             self.llm.resume()
         release = self.free_cache_engine and not self._keeps_kv_cache()
         self.model.eval()
-        probe, probe_outputs = [], []
+        probe: list[list[int]] = []
         try:
             per_prompt = [self.request_params(p, params) for p in prompts]
             if metrics is not None and not self.shares_weights and self.probe_prompts:
@@ -528,17 +542,16 @@ class SyncTrainer:
                     metrics["actor/sync_logprob_diff"] = self._sync_probe(step)
                     probe = []
             on_done = submit if self.score_rules else None
-            batch, probe_outputs = generate_rollouts(
+            batch, _ = generate_rollouts(
                 self.llm, prompts, per_prompt, self.seed, step, on_done, first_index,
-                extra_prompts=probe, extra_params=probe_params(self.llm, probe, seed=step),
+                extra_prompts=probe, extra_params=probe_params(self.llm, probe, seed=step), on_extras_done=score_probe,
             )  # fmt: skip
         finally:
             if release:
                 self.llm.release()
             self.kv_resident_in_training = not release
-        if probe:  # the trainer's half, on the same weights the probe's tokens were sampled with
-            responses, engine_logprobs = probe_results(probe_outputs)
-            metrics["actor/sync_logprob_diff"] = probe_diff(self.actor, probe, responses, engine_logprobs).mean().item()
+        if probe:  # the trainer's half ran on the weights the probe's tokens were sampled with (no update since)
+            metrics["actor/sync_logprob_diff"] = probe_diffs[0].mean().item()
         return batch
 
     def _keeps_kv_cache(self) -> bool:
