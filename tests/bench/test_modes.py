@@ -39,6 +39,20 @@ def test_bench_modes_runs_every_mode_on_cpu(tmp_path):
             assert result["metrics"]["async/staleness/max"] <= 1
 
 
+def test_the_profiled_step_runs_after_the_timed_ones_and_is_left_out(tmp_path, capsys):
+    out = tmp_path / "modes.json"
+    argv = "--model tiny --device cpu --prompts 2 --n 2 --prompt-len 8 --response-len 16 --median-response 6"
+    assert modes.main([*argv.split(), "--modes", "sync", "--steps", "1", "--warmup", "1", "--out", str(out)]) == 0
+    printed = {
+        int(line.split()[2].rstrip(":")): float(line.split()[3])
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("nonstop step ")
+    }
+    assert sorted(printed) == [1, 2, 3]  # warm-up, timed, profiled
+    result = json.loads(out.read_text())["results"]["sync"]
+    assert result["step_s"] == pytest.approx(printed[2], abs=6e-4)  # the timed step alone
+
+
 def two_rank_bench(rank: int, out: str) -> None:
     argv = "--model tiny --device cpu --prompts 2 --n 2 --prompt-len 8 --response-len 16 --median-response 6"
     modes_arg = "sync,split:sync,split:async"

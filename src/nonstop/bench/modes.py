@@ -87,7 +87,7 @@ def run_mode(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any] 
     """One `MODE` or `split:MODE` run; None on a rollout rank (the trainer ranks report)."""
     placement, _, mode = name.rpartition(":")
     run_dir = work / f"run_{name.replace(':', '_')}"
-    profiled = args.warmup + 1
+    profiled = args.warmup + args.steps + 1  # after the timed steps, left out of them (run_nonstop's after_steps)
     run_args = argparse.Namespace(**vars(args))
     run_args.override = [
         f"trainer.mode={mode}",
@@ -110,7 +110,7 @@ def run_mode(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any] 
             params, max_tokens=response_budget(list(prompt.prompt_token_ids), args)
         )
 
-    result = run_nonstop(work, run_args, prepare=long_tail)
+    result = run_nonstop(work, run_args, prepare=long_tail, after_steps=1)
     if result is None:
         return None
     summary = run_dir / "profile" / "summary.json"
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         write_model_dir(config, work / "model", device)
         write_tokenizer_dir(config.vocab_size, work / "tokenizer")
-        steps = args.warmup + args.steps
+        steps = args.warmup + args.steps + 1  # the profiled step after the timed ones
         write_prompts(work / "prompts.jsonl", prompt_texts(args.prompts * steps, args.prompt_len, config.vocab_size))
         write_reward_fn(work / "reward.py")
         for mode in modes:

@@ -192,20 +192,23 @@ def nonstop_overrides(work: Path, args: argparse.Namespace) -> list[str]:
 
 
 def run_nonstop(
-    work: Path, args: argparse.Namespace, prepare: Callable[[Any], None] | None = None
+    work: Path, args: argparse.Namespace, prepare: Callable[[Any], None] | None = None, after_steps: int = 0
 ) -> dict[str, Any] | None:
     """`prepare(trainer)` adjusts the built trainer before its first step (bench modes: per-prompt max_tokens).
-    None on a rollout rank of split placement, which steps along but measures nothing (its steps report no
-    metrics: they travel to the trainer ranks)."""
+    `after_steps` more steps run after the timed ones and are left out of every result (a profiled step: the
+    profiler makes it several times slower). None on a rollout rank of split placement, which steps along but
+    measures nothing (its steps report no metrics: they travel to the trainer ranks)."""
     from nonstop.config import load_config
     from nonstop.trainer import build_trainer
 
-    trainer = build_trainer(load_config(None, nonstop_overrides(work, args)), console=False)
+    total = args.warmup + args.steps + after_steps
+    overrides = nonstop_overrides(work, args) + ([f"trainer.total_training_steps={total}"] if after_steps else [])
+    trainer = build_trainer(load_config(None, overrides), console=False)
     if prepare is not None:
         prepare(trainer)
     times, rows = [], []
     try:
-        for step in range(1, args.warmup + args.steps + 1):
+        for step in range(1, total + 1):
             device_sync()
             start = time.perf_counter()
             metrics = trainer.step(step)
@@ -217,6 +220,7 @@ def run_nonstop(
         trainer.close()
     if not any(rows):
         return None
+    times, rows = times[: args.warmup + args.steps], rows[: args.warmup + args.steps]
     result = timed(times, args.warmup)
     kept = rows[args.warmup :]
     prefixes = ("timing_s/", "perf/", "response_length/", "critic/score/", "actor/", "trainer/", "rollouter/", "async/")
