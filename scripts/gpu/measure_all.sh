@@ -21,7 +21,8 @@
 #            longest device-idle gaps (scripts/gpu/step_gaps.py)
 #   prefix_step  issue 8's whole GRPO step at 4K prompts x 8: ungrouped / grouped / grouped + cascade decode
 #   logprob  fused log-prob/entropy kernels
-#   modes    sync / one_step_off / async on one GPU (issue 7);  lora  LoRA vs full fine-tuning (issue 9)
+#   modes    sync / one_step_off / async on one GPU (issue 7); modes_a / modes_b: sync beside one of them, a call each
+#   lora     LoRA vs full fine-tuning (issue 9)
 #   prefix   prefix-grouping sweep, both shapes, 2K/4K/8K prompts, n 4/8/16 (issue 8)
 #   prefix_resp  the same at 4K prompts, n = 8, with 256- and 1024-token responses (Qwen2.5-1.5B)
 source "$(dirname "$0")/common.sh"
@@ -79,8 +80,11 @@ for step in ${STEPS:-tests rollout}; do case $step in
     t b_threads 120 env OMP_NUM_THREADS=1 python3 -m nonstop bench trainer --sides nonstop --out "$OUT/threads.json" ;;
   gaps) t b_gaps 120 python3 scripts/gpu/step_gaps.py --out /tmp/gaps --override actor_rollout_ref.rollout.free_cache_engine=False ;;
   logprob) t b_logprob 40 python3 -m nonstop bench logprob --out "$OUT/logprob.json" ;;
-  modes) t b_modes 200 python3 -m nonstop bench modes --model qwen2.5-0.5b --prompts 32 --n 8 --steps 6 --warmup 2 \
-    --out "$OUT/modes.json" ;;
+  modes|modes_a|modes_b)  # modes_a / modes_b: sync beside one of the overlap modes, each in its own call's limits (a
+    # cold inductor cache costs ~180 s of FlexAttention compiles in the first mode's second step)
+    case $step in modes) m=sync,one_step_off,async ;; modes_a) m=sync,one_step_off ;; modes_b) m=sync,async ;; esac
+    t b_$step 400 python3 -m nonstop bench modes --model qwen2.5-0.5b --prompts 32 --n 8 --steps 8 --warmup 2 \
+      --modes $m --out "$OUT/$step.json" ;;
   lora) t b_lora 150 python3 -m nonstop bench lora --out "$OUT/lora.json" ;;
   prefix) t b_prefix 420 python3 -m nonstop bench prefix --models qwen2.5-1.5b,qwen3-1.7b --prompt-lens 2048,4096,8192 \
     --response-lens 512 --n 4,8,16 --out "$OUT/prefix.json" ;;

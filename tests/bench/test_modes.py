@@ -42,15 +42,18 @@ def test_bench_modes_runs_every_mode_on_cpu(tmp_path):
 def test_the_profiled_step_runs_after_the_timed_ones_and_is_left_out(tmp_path, capsys):
     out = tmp_path / "modes.json"
     argv = "--model tiny --device cpu --prompts 2 --n 2 --prompt-len 8 --response-len 16 --median-response 6"
-    assert modes.main([*argv.split(), "--modes", "sync", "--steps", "1", "--warmup", "1", "--out", str(out)]) == 0
+    assert modes.main([*argv.split(), "--modes", "sync", "--steps", "3", "--warmup", "1", "--out", str(out)]) == 0
     printed = {
         int(line.split()[2].rstrip(":")): float(line.split()[3])
         for line in capsys.readouterr().out.splitlines()
         if line.startswith("nonstop step ")
     }
-    assert sorted(printed) == [1, 2, 3]  # warm-up, timed, profiled
+    assert sorted(printed) == [1, 2, 3, 4, 5]  # warm-up, 3 timed, profiled
+    timed = [printed[2], printed[3], printed[4]]
     result = json.loads(out.read_text())["results"]["sync"]
-    assert result["step_s"] == pytest.approx(printed[2], abs=6e-4)  # the timed step alone
+    assert result["step_s"] == pytest.approx(sum(timed) / 3, abs=6e-4)  # the timed window's mean
+    assert result["step_s_median"] == pytest.approx(sorted(timed)[1], abs=6e-4)
+    assert result["samples_per_s"] == pytest.approx(2 * 2 / result["step_s"])
 
 
 def two_rank_bench(rank: int, out: str) -> None:
