@@ -66,6 +66,47 @@ def slow_ops(events: list[dict], start: float, end: float, tid, top: int) -> lis
     return [(e.get("dur", 0), e["name"]) for e in outer[:top] if e.get("dur", 0) >= 300]
 
 
+def histogram(found: list[tuple[float, float]]) -> list[tuple[str, int, float]]:
+    """(size range, count, idle ms) of gaps by length."""
+    edges = [
+        (20.0, 200.0, "0.02-0.2 ms"),
+        (200.0, 1e3, "0.2-1 ms"),
+        (1e3, 5e3, "1-5 ms"),
+        (5e3, float("inf"), ">= 5 ms"),
+    ]
+    rows = []
+    for lo, hi, label in edges:
+        sizes = [b - a for a, b in found if lo <= b - a < hi]
+        rows.append((label, len(sizes), sum(sizes) / 1e3))
+    return rows
+
+
+def idle_within(found: list[tuple[float, float]], start: float, end: float) -> float:
+    return sum(max(0.0, min(b, end) - max(a, start)) for a, b in found)
+
+
+def phase_windows(events: list[dict]) -> list[tuple[str, float, float]]:
+    """The step's generation and update as host spans: (name, start, end) of the first matching Python frame."""
+    wanted = [("generation", "sync_trainer.py", "_generate"), ("update", "actor.py", "update")]
+    out = []
+    for label, file, func in wanted:
+        for e in events:
+            name = e.get("name", "")
+            if e.get("cat") == "python_function" and file in name and name.endswith(f": {func}"):
+                out.append((label, e["ts"], e["ts"] + e.get("dur", 0)))
+                break
+    return out
+
+
+def aggregate(events: list[dict], found: list[tuple[float, float]], top: int) -> list[tuple[float, str]]:
+    """(idle ms, name) summed over every gap: the nonstop functions the host was in while the GPU waited."""
+    totals: dict[str, float] = {}
+    for start, end in found:
+        for overlap, _, name in host_functions(events, start, end, 40):
+            totals[name] = totals.get(name, 0.0) + overlap
+    return sorted(((v / 1e3, k) for k, v in totals.items()), reverse=True)[:top]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--step", type=int, default=5)
@@ -116,6 +157,15 @@ def main() -> int:
     steps = [e for e in events if e.get("cat") == "python_function" and e["name"].endswith("_train_step")]
     main_tid = steps[0]["tid"] if steps else None
     print(f"torch CPU threads: {torch.get_num_threads()}")
+    every = gaps(busy, 20.0)  # down to 20 µs: the launch-to-launch gaps of a host that does not run ahead
+    print("idle by gap length: " + ", ".join(f"{label} {n} gaps {ms:.1f} ms" for label, n, ms in histogram(every)))
+    for label, start, end in phase_windows(events):
+        print(
+            f"{label}: {(end - start) / 1e3:.1f} ms on the host, {idle_within(every, start, end) / 1e3:.1f} ms GPU idle"
+        )
+    print("host functions across all gaps >= 20 us (idle ms they overlap; frames up to 20x a gap):")
+    for ms, name in aggregate(events, every, 20):
+        print(f"  {ms:7.2f} ms  {name[:150]}")
     for start, end in found[: known.gaps]:
         print(f"\n== gap {(end - start) / 1e3:.1f} ms at {(start - busy[0][0]) / 1e3:.1f} ms")
         for overlap, dur, name in host_functions(events, start, end, 14):
