@@ -21,7 +21,8 @@
 #            longest device-idle gaps (scripts/gpu/step_gaps.py)
 #   prefix_step  issue 8's whole GRPO step at 4K prompts x 8: ungrouped / grouped / grouped + cascade decode
 #   logprob  fused log-prob/entropy kernels
-#   modes    sync / one_step_off / async on one GPU (issue 7); modes_a / modes_b: sync beside one of them, a call each
+#   modes    sync / one_step_off / async on one GPU (issue 7); modes_a / modes_b: sync beside one of them, with and
+#            without the rollouter's stream at high CUDA priority, a call each
 #   lora     LoRA vs full fine-tuning (issue 9)
 #   prefix   prefix-grouping sweep, both shapes, 2K/4K/8K prompts, n 4/8/16 (issue 8)
 #   prefix_resp  the same at 4K prompts, n = 8, with 256- and 1024-token responses (Qwen2.5-1.5B)
@@ -82,7 +83,9 @@ for step in ${STEPS:-tests rollout}; do case $step in
   logprob) t b_logprob 40 python3 -m nonstop bench logprob --out "$OUT/logprob.json" ;;
   modes|modes_a|modes_b)  # modes_a / modes_b: sync beside one of the overlap modes, each in its own call's limits (a
     # cold inductor cache costs ~180 s of FlexAttention compiles in the first mode's second step)
-    case $step in modes) m=sync,one_step_off,async ;; modes_a) m=sync,one_step_off ;; modes_b) m=sync,async ;; esac
+    hi=async_training.rollout_stream_priority=high  # the decode stream ahead of the update's: an A/B in the same run
+    case $step in modes) m=sync,one_step_off,async ;; modes_a) m=sync,one_step_off,one_step_off+$hi ;;
+      modes_b) m=sync,async,async+$hi ;; esac
     t b_$step 400 python3 -m nonstop bench modes --model qwen2.5-0.5b --prompts 32 --n 8 --steps 8 --warmup 2 \
       --modes $m --out "$OUT/$step.json" ;;
   lora) t b_lora 150 python3 -m nonstop bench lora --out "$OUT/lora.json" ;;

@@ -56,6 +56,17 @@ def test_the_profiled_step_runs_after_the_timed_ones_and_is_left_out(tmp_path, c
     assert result["samples_per_s"] == pytest.approx(2 * 2 / result["step_s"])
 
 
+def test_a_mode_can_carry_overrides_of_its_own(tmp_path):
+    out = tmp_path / "modes.json"
+    argv = "--model tiny --device cpu --prompts 2 --n 2 --prompt-len 8 --response-len 16 --median-response 6"
+    modes_arg = "async,async+async_training.max_staleness=0"
+    assert modes.main([*argv.split(), "--modes", modes_arg, "--steps", "2", "--warmup", "1", "--out", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert sorted(results) == sorted(modes_arg.split(","))
+    assert results["async+async_training.max_staleness=0"]["metrics"]["async/staleness/max"] == 0
+    assert results["async"]["metrics"]["async/staleness/max"] == 1  # --max-staleness 1 for the plain one
+
+
 def two_rank_bench(rank: int, out: str) -> None:
     argv = "--model tiny --device cpu --prompts 2 --n 2 --prompt-len 8 --response-len 16 --median-response 6"
     modes_arg = "sync,split:sync,split:async"

@@ -75,3 +75,10 @@ def test_async_training_section():
         load_config(None, ["async_training.max_staleness=-1"])
     with pytest.raises(ConfigError, match="set async_training.max_staleness"):
         load_config(None, ["async_training.staleness_threshold=0.1"])
+    assert load_config(None, []).async_training.rollout_stream_priority == "normal"
+    assert (
+        load_config(None, ["async_training.rollout_stream_priority=high"]).async_training.rollout_stream_priority
+        == "high"
+    )
+    with pytest.raises(ConfigError, match="async_training.rollout_stream_priority='top': must be one of normal, high"):
+        load_config(None, ["async_training.rollout_stream_priority=top"])

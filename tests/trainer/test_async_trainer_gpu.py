@@ -12,7 +12,11 @@ pytestmark = pytest.mark.gpu
 
 @pytest.mark.parametrize(
     "overrides",
-    [("trainer.mode=one_step_off",), ("trainer.mode=async", "async_training.max_staleness=2")],
+    [
+        ("trainer.mode=one_step_off",),
+        ("trainer.mode=async", "async_training.max_staleness=2"),
+        ("trainer.mode=async", "async_training.max_staleness=2", "async_training.rollout_stream_priority=high"),
+    ],
 )
 def test_cuda_overlap_modes_learn_within_the_bound(tmp_path, overrides):
     trainer = make_trainer(
@@ -23,6 +27,9 @@ def test_cuda_overlap_modes_learn_within_the_bound(tmp_path, overrides):
     try:
         history = trainer.fit()
         assert trainer.rollouter.stream is not None  # decode ran on its own stream
+        high = "async_training.rollout_stream_priority=high" in overrides
+        assert trainer.rollouter.stream.priority == (torch.cuda.Stream(priority=-1).priority if high else 0)
+        assert trainer.rollouter.stream.priority < 0 or not high  # the device has a higher priority than the default
         scores = [m["critic/score/mean"] for m in history]
         assert sum(scores[-2:]) / 2 > scores[0] + 0.3, scores
         bound = 1 if "trainer.mode=one_step_off" in overrides else 2

@@ -58,8 +58,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--modes",
         default=None,
-        help=f"comma-separated trainer.mode values, split:MODE for split placement (default {','.join(MODES)} on one "
-        f"rank, {','.join(SPLIT_MODES)} on several)",
+        help=f"comma-separated trainer.mode values, split:MODE for split placement, MODE+key=value[+…] for a mode with "
+        f"overrides of its own (default {','.join(MODES)} on one rank, {','.join(SPLIT_MODES)} on several)",
     )
     p.add_argument("--rollout-gpus", type=int, default=1, help="rollout ranks of the split:MODE runs")
     p.add_argument("--prompts", type=int, default=32, help="prompts per step (data.train_batch_size)")
@@ -86,9 +86,11 @@ def response_budget(prompt_token_ids: list[int], args: argparse.Namespace) -> in
 
 
 def run_mode(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any] | None:
-    """One `MODE` or `split:MODE` run; None on a rollout rank (the trainer ranks report)."""
-    placement, _, mode = name.rpartition(":")
-    run_dir = work / f"run_{name.replace(':', '_')}"
+    """One `MODE` or `split:MODE` run, optionally with `+key=value` overrides of its own (an A/B of one setting
+    beside sync in the same run); None on a rollout rank (the trainer ranks report)."""
+    spec, *own = name.split("+")
+    placement, _, mode = spec.rpartition(":")
+    run_dir = work / f"run_{hashlib.sha1(name.encode()).hexdigest()[:10]}"
     profiled = args.warmup + args.steps + 1  # after the timed steps, left out of them (run_nonstop's after_steps)
     run_args = argparse.Namespace(**vars(args))
     run_args.override = [
@@ -105,6 +107,7 @@ def run_mode(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any] 
         "actor_rollout_ref.actor.use_dynamic_bsz=True",
         "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384",
         *args.override,
+        *own,
     ]
 
     def long_tail(trainer) -> None:

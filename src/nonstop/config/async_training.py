@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from .errors import check
 from .spec import option
 
+# CUDA stream priorities: lower is higher; torch clamps to the device's range (0 is the default and the lowest).
+STREAM_PRIORITIES = {"normal": 0, "high": -1}
+
 
 @dataclass
 class AsyncTrainingConfig:
@@ -31,6 +34,18 @@ class AsyncTrainingConfig:
         "no recompute). false: recompute the proximal policy (weights before the update), and correct the "
         "behaviour gap with algorithm.rollout_correction",
     )
+    rollout_stream_priority: str = option(
+        "normal",
+        "(nonstop) one_step_off / async on one GPU: CUDA priority of the rollouter's stream. high: the block "
+        "scheduler dispatches decode kernels (short, latency-bound) ahead of the update's as SMs free up; normal: "
+        "the same priority as the update. Not yet measured to help: see docs/modes.md",
+    )
 
     def __post_init__(self):
         check(self.max_staleness >= 0, "max_staleness", self.max_staleness, "must be >= 0")
+        check(
+            self.rollout_stream_priority in STREAM_PRIORITIES,
+            "rollout_stream_priority",
+            self.rollout_stream_priority,
+            f"must be one of {', '.join(STREAM_PRIORITIES)}",
+        )

@@ -137,8 +137,8 @@ class RewardPool:
 
     def submit_many(self, samples: Iterable[tuple[Hashable, str, str, Any, dict | None]]) -> None:
         """`submit` for several (sample_id, data_source, solution_str, ground_truth, extra_info) at once: one lock and
-        one wake-up of the dispatcher for all of them (a GRPO group's samples finish together; 64 single submits
-        took ~8 ms of the trainer's thread on a 2-core CPU, half of it the dispatcher's wake-ups)."""
+        one wake-up of the dispatcher for all of them (a GRPO group's samples finish together; on a 2-core CPU 64
+        single submits took ~8 ms of the trainer's thread, eight batched ones ~6.5 ms)."""
         tasks = [_Task(sample_id, tuple(args)) for sample_id, *args in samples]
         with self._cond:
             if self._closed:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from nonstop.config.async_training import STREAM_PRIORITIES
 from nonstop.data import TokenizedPrompt
 from nonstop.profiling import PhaseRecorder
 from nonstop.trainer.rollout_batch import RolloutBatch, Sample, prompt_seed
@@ -129,6 +130,7 @@ class AsyncTrainer(SyncTrainer):
             on_group_done=self._submit_rewards,
             version=version,
             loader_state=lambda: loader_state(self.train_loader),
+            stream_priority=STREAM_PRIORITIES[self.config.async_training.rollout_stream_priority],
         )
         self.model.eval()
         self.rollouter.start()

@@ -69,10 +69,12 @@ class Rollouter:
         on_group_done: Callable[[Group], None],
         version: int = 0,
         loader_state: Callable[[], dict | None] = lambda: None,
+        stream_priority: int = 0,
     ):
         """`next_prompts()` hands out one block of `batch_size` prompts; `params_for(g, prompt)` the seeded sampling
         params of group g; `on_group_done(group)` runs (on this thread) as each group finishes: reward scoring.
-        `version`: the trainer's version at start (steps already taken); admission starts at group version·B."""
+        `version`: the trainer's version at start (steps already taken); admission starts at group version·B.
+        `stream_priority`: of the CUDA stream the engine runs on (lower is higher, 0 the default)."""
         self.llm, self.engine = llm, llm.llm_engine
         self.next_prompts, self.params_for, self.on_group_done = next_prompts, params_for, on_group_done
         self.batch_size, self.total_groups = batch_size, total_groups
@@ -92,7 +94,8 @@ class Rollouter:
         self.idle_s, self.window_start = 0.0, time.perf_counter()
         self.stats_mark = SchedulerStats(**vars(self.engine.stats))
         self.engine.step_log = []
-        self.stream = torch.cuda.Stream(device=self._device()) if self._device().type == "cuda" else None
+        device = self._device()
+        self.stream = torch.cuda.Stream(device=device, priority=stream_priority) if device.type == "cuda" else None
         self.thread = threading.Thread(target=self._run, name="nonstop-rollouter", daemon=True)
 
     def _device(self) -> torch.device:
