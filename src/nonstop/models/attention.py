@@ -23,6 +23,10 @@ from nonstop.models.transfer import host_to_device
 
 
 class AttentionBackend(Protocol):
+    """Attention over q, k, v already rotated. A backend may also define `rotary_attention(layer_idx, q, k, v, cos,
+    sin)`, taking them before the rotation (the engine's paged backend fuses it with the KV-cache write); the model
+    then calls that instead."""
+
     def __call__(self, layer_idx: int, q_THE: Tensor, k_TKE: Tensor, v_TKE: Tensor) -> Tensor: ...
 
 

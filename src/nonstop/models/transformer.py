@@ -119,8 +119,12 @@ class SelfAttention(nn.Module):
             v_TKE = self.v_proj(x_TD).view(T, K, E)
         if hasattr(self, "q_norm"):
             q_THE, k_TKE = self.q_norm(q_THE), self.k_norm(k_TKE)
-        q_THE, k_TKE = apply_rotary_qk(q_THE, k_TKE, cos_TE, sin_TE)
-        o_THE = attention(self.layer_idx, q_THE, k_TKE, v_TKE)
+        rotary_attention = getattr(attention, "rotary_attention", None)
+        if rotary_attention is not None:  # the backend rotates (fused with its KV-cache write)
+            o_THE = rotary_attention(self.layer_idx, q_THE, k_TKE, v_TKE, cos_TE, sin_TE)
+        else:
+            q_THE, k_TKE = apply_rotary_qk(q_THE, k_TKE, cos_TE, sin_TE)
+            o_THE = attention(self.layer_idx, q_THE, k_TKE, v_TKE)
         return self.o_proj(o_THE.reshape(T, self.num_heads * self.head_dim))
 
 

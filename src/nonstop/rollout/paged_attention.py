@@ -26,6 +26,8 @@ from torch import Tensor
 from nonstop.kernels.cascade_decode import CascadeMetadata, cascade_decode_attention
 from nonstop.kernels.paged_decode import paged_decode_attention
 from nonstop.kernels.reshape_and_cache import reshape_and_cache
+from nonstop.kernels.rotary import apply_rotary_qk
+from nonstop.kernels.rotary_cache import rotary_and_cache
 from nonstop.models.attention import reference_causal_attention, use_fused_attention, varlen_causal_attention
 
 
@@ -67,6 +69,22 @@ class PagedAttention:
         o_THE[:P] = self._prefill(q_THE[:P], k_TKE[:P], v_TKE[:P], k_flat, v_flat)
         o_THE[P:] = self._decode(q_THE[P:], k_cache_PBKE, v_cache_PBKE)
         return o_THE
+
+    def rotary_attention(
+        self, layer_idx: int, q_THE: Tensor, k_TKE: Tensor, v_TKE: Tensor, cos_TE: Tensor, sin_TE: Tensor
+    ) -> Tensor:
+        """`__call__` on q and k before the rotary embedding. A decode-only step (every decode step the CUDA graphs
+        capture) rotates and writes the cache in one launch (`rotary_and_cache`): one kernel fewer per layer and
+        step; a step with prefill tokens rotates first and takes `__call__`."""
+        md = self.metadata
+        if md.num_prefill_tokens > 0:
+            q_THE, k_TKE = apply_rotary_qk(q_THE, k_TKE, cos_TE, sin_TE)
+            return self(layer_idx, q_THE, k_TKE, v_TKE)
+        k_cache_PBKE, v_cache_PBKE = self.k_caches[layer_idx], self.v_caches[layer_idx]
+        K, E = k_cache_PBKE.shape[2:]
+        k_flat, v_flat = k_cache_PBKE.view(-1, K, E), v_cache_PBKE.view(-1, K, E)
+        q_THE = rotary_and_cache(q_THE, k_TKE, v_TKE, cos_TE, sin_TE, k_flat, v_flat, md.slot_mapping_T)
+        return self._decode(q_THE, k_cache_PBKE, v_cache_PBKE)
 
     def _prefill(self, q_THE: Tensor, k_TKE: Tensor, v_TKE: Tensor, k_flat: Tensor, v_flat: Tensor) -> Tensor:
         md = self.metadata
