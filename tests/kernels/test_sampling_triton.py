@@ -6,11 +6,13 @@ tests/rollout/test_sampler.py; here the kernel only has to reproduce its draws b
 Legend: N rows, V vocabulary.
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
 from interpreter import run_under_interpreter
 
-from nonstop.rollout.sampler import SamplingTensors, counter_row_key, sample, sample_reference
+from nonstop.rollout.sampler import SamplingTensors, sample, sample_reference
 
 
 def make_rows(gen: torch.Generator, N: int, V: int, dtype: torch.dtype, stop_mask: bool, all_greedy: bool = False):
@@ -76,16 +78,31 @@ def check_kernel_under_interpreter() -> None:
     """Run in a child process started with TRITON_INTERPRET=1, which must be set before triton is first imported."""
     from nonstop.kernels.sampling_triton import sample_triton
 
+    moved_rows = []
     for i, (N, V, block, num_splits, dtype, stop_mask, all_greedy) in enumerate(INTERPRETER_CASES):
         # fp32 and fp16 only: the interpreter's bf16 goes through numpy, which has no bf16; the GPU tests cover it.
         gen = torch.Generator().manual_seed(500 + i)
         logits_NV, t = make_rows(gen, N, V, dtype, stop_mask, all_greedy)
-        ref_tokens, ref_logprobs = sample_reference(logits_NV, t)
-        row_key_N = counter_row_key(t.seed_N, t.sample_index_N, t.position_N)
+        # A multi-step launch's step: the kernel hashes position + offset; the reference gets the sum as its positions.
+        offset = i % 3
+        ref_tokens, ref_logprobs = sample_reference(logits_NV, replace(t, position_N=t.position_N + offset))
         tokens, logprobs = sample_triton(
-            logits_NV, t.temperature_N, row_key_N, t.stop_mask_N, t.all_greedy, num_splits=num_splits, block=block
+            logits_NV,
+            t.temperature_N,
+            t.seed_N,
+            t.sample_index_N,
+            t.position_N,
+            offset,
+            t.stop_mask_N,
+            t.all_greedy,
+            num_splits=num_splits,
+            block=block,
         )
         assert_same_draws(tokens, logprobs, ref_tokens, ref_logprobs, f"case {i}: {INTERPRETER_CASES[i]}")
+        if not t.all_greedy:  # the offset moves the draw: a kernel ignoring it fails one of these cases
+            unmoved, _ = sample_reference(logits_NV, t)
+            moved_rows.append(bool(offset) and bool((unmoved != ref_tokens).any()))
+    assert any(moved_rows), "no case where the position offset changed a draw"
 
 
 def test_triton_interpreter_matches_reference():
@@ -108,10 +125,16 @@ def test_triton_matches_reference_at_qwen_vocab(seed: int, dtype: torch.dtype):
 
     from nonstop.kernels.sampling_triton import sample_triton
 
-    row_key_N = counter_row_key(t.seed_N, t.sample_index_N, t.position_N)
     for num_splits in (1, 7):
-        tokens, logprobs = sample_triton(logits_NV, t.temperature_N, row_key_N, t.stop_mask_N, t.all_greedy, num_splits)
+        tokens, logprobs = sample_triton(
+            logits_NV, t.temperature_N, t.seed_N, t.sample_index_N, t.position_N, 0, t.stop_mask_N, t.all_greedy,
+            num_splits,
+        )  # fmt: skip
         assert_same_draws(tokens, logprobs, ref_tokens, ref_logprobs, f"seed {seed} {dtype} num_splits={num_splits}")
+    # A step offset, as a multi-step launch passes it, against the reference at the moved positions.
+    moved = replace(t, position_N=t.position_N - 5, position_offset=5)
+    tokens, logprobs = sample(logits_NV, moved)
+    assert_same_draws(tokens, logprobs, ref_tokens, ref_logprobs, f"seed {seed} {dtype} offset 5")
 
 
 @pytest.mark.gpu

@@ -6,7 +6,9 @@ It draws exactly the token `nonstop.rollout.sampler.sample_reference` draws, rea
 making a dozen [N, V] passes. `_sample_split_kernel` runs one program per (row, split): it walks its slice of the
 vocabulary in tiles, keeps an online max / sum-exp of logits / T in fp32 for the log-sum-exp, and the running
 argmax of logits / T + Gumbel(u) (stop-masked columns at -inf), where u is the sampler's counter hash of
-(row key, token id) recomputed in uint32 registers. `_sample_reduce_kernel` merges the S partials of a row and
+(row key, token id) recomputed in uint32 registers. The row key itself (`counter_row_key` of the row's seed, sample
+index and position + `position_offset`) is hashed in the program too: as ~50 int64 torch ops it was as many tiny
+kernels in every decode step. `_sample_reduce_kernel` merges the S partials of a row and
 writes the token and its log-prob, logits[token] / T - logsumexp(logits / T), over the full (unmasked)
 distribution as the reference does. Greedy rows (T = 0) take the argmax of the raw logits and raw-logit log-probs.
 
@@ -44,6 +46,16 @@ def _mix32(x):
 
 
 @triton.jit
+def _row_key(seed, sample_index, position):
+    """`counter_row_key` of int64 scalars: its int64 ops masked to 32 bits are these uint32 ones. 0x9E3779B9 is
+    above 2**31, so it is xored while still in int64."""
+    h = _mix32(((seed & 0xFFFFFFFF) ^ 0x9E3779B9).to(tl.uint32))
+    h = _mix32(h ^ ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))
+    h = _mix32(h ^ (sample_index & 0xFFFFFFFF).to(tl.uint32))
+    return _mix32(h ^ (position & 0xFFFFFFFF).to(tl.uint32))
+
+
+@triton.jit
 def _log(x, PRECISE_LOG: tl.constexpr):
     if PRECISE_LOG:
         return libdevice.log(x)
@@ -55,7 +67,10 @@ def _log(x, PRECISE_LOG: tl.constexpr):
 def _sample_split_kernel(
     logits_ptr,
     temperature_ptr,
-    row_key_ptr,
+    seed_ptr,
+    sample_index_ptr,
+    position_ptr,
+    position_offset,
     stop_mask_ptr,
     max_part_ptr,
     sumexp_part_ptr,
@@ -76,7 +91,8 @@ def _sample_split_kernel(
     temperature = tl.load(temperature_ptr + n)
     greedy = temperature == 0.0
     temperature = tl.where(greedy, 1.0, temperature)
-    key = tl.load(row_key_ptr + n).to(tl.uint32)
+    position = tl.load(position_ptr + n).to(tl.int64) + position_offset
+    key = _row_key(tl.load(seed_ptr + n).to(tl.int64), tl.load(sample_index_ptr + n).to(tl.int64), position)
     start = split * chunk
     end = tl.minimum(start + chunk, V)
     offs = tl.arange(0, BLOCK)
@@ -163,7 +179,10 @@ def choose_num_splits(num_rows: int, vocab_size: int, block: int, sm_count: int)
 def sample_triton(
     logits_NV: Tensor,
     temperature_N: Tensor,
-    row_key_N: Tensor,
+    seed_N: Tensor,
+    sample_index_N: Tensor,
+    position_N: Tensor,
+    position_offset: int,
     stop_mask_NV: Tensor | None,
     all_greedy: bool,
     num_splits: int | None = None,
@@ -172,8 +191,9 @@ def sample_triton(
 ) -> tuple[Tensor, Tensor]:
     """(token ids [N] int64, log-probs [N] float32) as `sample_reference` gives them for rows without top-k / top-p.
 
-    `row_key_N` is `counter_row_key(seed, sample index, position)` (uint32 values in int64); `logits_NV` may be
-    any float dtype. The keyword arguments are launch overrides for tests and benchmarks.
+    Row n's noise is keyed by (seed_N[n], sample_index_N[n], position_N[n] + position_offset), int64 tensors and a
+    host int (a multi-step decode launch's step); `logits_NV` may be any float dtype. The keyword arguments are
+    launch overrides for tests and benchmarks.
     """
     N, V = logits_NV.shape
     assert logits_NV.stride(1) == 1, "logits rows must be contiguous"
@@ -190,7 +210,7 @@ def sample_triton(
     if N == 0:
         return tokens_N, logprobs_N
     temperature_N = temperature_N.float().contiguous()
-    row_key_N = row_key_N.contiguous()
+    seed_N, sample_index_N, position_N = (x.contiguous() for x in (seed_N, sample_index_N, position_N))
     if stop_mask_NV is not None:
         assert stop_mask_NV.shape == (N, V) and stop_mask_NV.stride(1) == 1
         stop_mask = stop_mask_NV.view(torch.uint8)
@@ -199,7 +219,10 @@ def sample_triton(
     _sample_split_kernel[(N, num_splits)](
         logits_NV,
         temperature_N,
-        row_key_N,
+        seed_N,
+        sample_index_N,
+        position_N,
+        position_offset,
         stop_mask if stop_mask_NV is not None else logits_NV,
         parts[0],
         parts[1],

@@ -678,21 +678,20 @@ class ModelRunner:
         dev, R = self.buffers.dev, shape.num_rows
         position_R, min_tokens_R = dev["position"][:R], dev["min_tokens"][:R]
         stop_mask_RV = self.stop_mask_RV[:R] if shape.has_stop_mask else None
-        if step:
-            position_R = position_R + step
-            if stop_mask_RV is not None:
-                stop_mask_RV = stop_mask_RV & (position_R < min_tokens_R)[:, None]
+        if step and stop_mask_RV is not None:
+            stop_mask_RV = stop_mask_RV & (position_R + step < min_tokens_R)[:, None]
         return SamplingTensors(
             temperature_N=dev["temperature"][:R],
             top_k_N=dev["top_k"][:R],
             top_p_N=dev["top_p"][:R],
             seed_N=dev["seed"][:R],
             sample_index_N=dev["sample_index"][:R],
-            position_N=position_R,
+            position_N=position_R,  # the sampler adds the step: no device op
             stop_mask_N=stop_mask_RV,
             all_greedy=shape.all_greedy,
             any_top_k=shape.any_top_k,
             any_top_p=shape.any_top_p,
+            position_offset=step,
         )
 
     def _to_device(self, values, dtype: torch.dtype = torch.int64) -> Tensor:

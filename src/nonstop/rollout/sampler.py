@@ -63,11 +63,13 @@ class SamplingTensors:
     top_p_N: Tensor  # float32; 1 = off
     seed_N: Tensor  # int64
     sample_index_N: Tensor  # int64
-    position_N: Tensor  # int64: index of the token being sampled within the output
+    position_N: Tensor  # int64: index of the token being sampled within the output, less position_offset
     stop_mask_N: Tensor | None  # bool [N, V]: tokens banned in this row (EOS / stop ids before min_tokens)
     all_greedy: bool
     any_top_k: bool
     any_top_p: bool
+    # Added to every position_N (a multi-step decode launch's step): a host int, so no device op per step.
+    position_offset: int = 0
 
 
 def top_k_top_p_mask(scaled_NV: Tensor, top_k_N: Tensor, top_p_N: Tensor, any_top_k: bool, any_top_p: bool) -> Tensor:
@@ -99,8 +101,16 @@ def sample(logits_NV: Tensor, t: SamplingTensors) -> tuple[Tensor, Tensor]:
     if logits_NV.is_cuda and not (t.any_top_k or t.any_top_p):
         from nonstop.kernels.sampling_triton import sample_triton
 
-        row_key_N = counter_row_key(t.seed_N, t.sample_index_N, t.position_N)
-        return sample_triton(logits_NV, t.temperature_N, row_key_N, t.stop_mask_N, t.all_greedy)
+        return sample_triton(
+            logits_NV,
+            t.temperature_N,
+            t.seed_N,
+            t.sample_index_N,
+            t.position_N,
+            t.position_offset,
+            t.stop_mask_N,
+            t.all_greedy,
+        )
     return sample_reference(logits_NV, t)
 
 
@@ -120,7 +130,7 @@ def sample_reference(logits_NV: Tensor, t: SamplingTensors) -> tuple[Tensor, Ten
         if t.any_top_k or t.any_top_p:
             removed_NV = top_k_top_p_mask(scaled_NV, t.top_k_N, t.top_p_N, t.any_top_k, t.any_top_p)
             scaled_NV = scaled_NV.masked_fill(removed_NV, float("-inf"))
-        u_NV = counter_uniform(t.seed_N, t.sample_index_N, t.position_N, logits_NV.shape[-1])
+        u_NV = counter_uniform(t.seed_N, t.sample_index_N, t.position_N + t.position_offset, logits_NV.shape[-1])
         gumbel_NV = -torch.log(-torch.log(u_NV))
         tokens_N = torch.where(greedy_N, greedy_tokens_N, (scaled_NV + gumbel_NV).argmax(dim=-1))
     return tokens_N, logprobs_NV.gather(-1, tokens_N[:, None]).squeeze(-1)
