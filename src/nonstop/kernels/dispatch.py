@@ -21,7 +21,12 @@ _enabled = True
 
 
 def use_fused_kernel(x: Tensor) -> bool:
-    return _enabled and x.is_cuda and x.dtype in _FUSED_DTYPES and not torch.is_grad_enabled()
+    return use_fused_index_kernel(x) and x.dtype in _FUSED_DTYPES
+
+
+def use_fused_index_kernel(x: Tensor) -> bool:
+    """For kernels on integer bookkeeping tensors (any dtype): CUDA inference, unless `fused_kernels(False)`."""
+    return _enabled and x.is_cuda and not torch.is_grad_enabled()
 
 
 def use_fused_projections() -> bool:

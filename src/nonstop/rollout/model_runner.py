@@ -46,6 +46,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from nonstop.kernels.advance_decode import advance_decode_inputs
 from nonstop.kernels.cascade_decode import CascadeMetadata
 from nonstop.models.transfer import host_to_device
 from nonstop.models.transformer import CausalLM
@@ -369,10 +370,9 @@ class ModelRunner:
         self.staged_constants: list[tuple[np.ndarray, tuple[bool, bool, bool]] | None] = [None, None]
         self.num_scheduler_steps = num_scheduler_steps
         # Every launch's sampled ids (row j * S + i: step j, sequence i), left on the device for the next step's
-        # inputs (`decode_input_ids`).
+        # inputs (`decode_input_ids`, `_advance_decode_inputs`).
         self.sampled_ids = torch.zeros(num_scheduler_steps * max_num_seqs, dtype=torch.int64, device=self.device)
         self.sampled = SampledBuffers(num_scheduler_steps * max_num_seqs, self.device)
-        self.row_arange = torch.arange(max_num_seqs, dtype=torch.int64, device=self.device)
         # The last multi-step launch's sample rows per step, as the scheduler numbers them (its placeholders) and as
         # they sit in `sampled_ids` (a CUDA graph's padded bucket); None after a single step, whose rows are the same.
         self.in_flight_rows: tuple[int, int] | None = None
@@ -658,19 +658,16 @@ class ModelRunner:
 
     def _advance_decode_inputs(self, step: int, num_rows: int) -> None:
         """Multi-step decode: turn the device buffer's decode rows from step `step - 1`'s inputs into step `step`'s,
-        on the device. A row still running moves one position on, its input the id it sampled in the previous step
+        on the device (`advance_decode_inputs`: one launch on CUDA). A row still running moves one position on, its
+        input (written to `input_ids`, which `_decode_inputs` then reads as is) the id it sampled in the previous step
         (sample row (step - 1) * S + i, S = num_rows) and its KV slot read from its block table (blocks reserved by
         the scheduler); a row past its own step count stays at its last position and writes its KV to the scratch
         block, so the rows it computes (and the scheduler drops) overwrite nothing."""
         dev, B, D = self.buffers.dev, self.block_size, num_rows
-        running_D = dev["num_steps"][:D] > step
-        positions_D = dev["positions"][:D]
-        positions_D += running_D
-        dev["context_lens"][:D].copy_(positions_D + 1)
-        block_D = dev["block_tables"][:D].gather(1, (positions_D // B)[:, None]).squeeze(1)
-        slot_D = torch.where(running_D, block_D * B + positions_D % B, self.scratch_block * B)
-        dev["slot_mapping"][:D].copy_(slot_D)
-        torch.add(self.row_arange[:D], (step - 1) * D, out=dev["prev_row"][:D])
+        advance_decode_inputs(
+            step, B, self.scratch_block * B, dev["num_steps"][:D], dev["positions"][:D], dev["context_lens"][:D],
+            dev["block_tables"][:D], dev["slot_mapping"][:D], dev["input_ids"][:D], self.sampled_ids,
+        )  # fmt: skip
 
     def _sampling_tensors(self, shape: LaunchShape, step: int) -> SamplingTensors:
         """Sampling settings of the launch's R rows; a multi-step launch's step `step` samples `step` positions
@@ -705,8 +702,9 @@ class ModelRunner:
         prev_row = dev["prev_row"][:num_rows]
         return torch.where(prev_row >= 0, self.sampled_ids[prev_row.clamp(min=0)], dev["input_ids"][:num_rows])
 
-    def _decode_inputs(self, num_rows: int, cascade_rows: int, cascade_work: int):
-        """Input ids, positions and attention metadata of the first `num_rows` decode rows of the step buffer."""
+    def _decode_inputs(self, num_rows: int, cascade_rows: int, cascade_work: int, step: int = 0):
+        """Input ids, positions and attention metadata of the first `num_rows` decode rows of the step buffer; from a
+        multi-step launch's second step on, the ids `_advance_decode_inputs` wrote."""
         dev, D = self.buffers.dev, num_rows
         md = AttentionMetadata(
             slot_mapping_T=dev["slot_mapping"][:D],
@@ -721,7 +719,8 @@ class ModelRunner:
         )
         if cascade_rows:
             md.cascade = self.cascade_metadata(dev, D, cascade_rows, cascade_work)
-        return self.decode_input_ids(D), dev["positions"][:D], md
+        ids = dev["input_ids"][:D] if step else self.decode_input_ids(D)
+        return ids, dev["positions"][:D], md
 
     def _attention_inputs(self, plan: StepPlan) -> tuple[Tensor, Tensor, AttentionMetadata]:
         ids, positions, md = self._decode_inputs(plan.num_decode, plan.cascade_rows, plan.cascade_work)
@@ -758,7 +757,7 @@ class ModelRunner:
             if step:
                 # No host round trip between the steps: inputs advance on the device, ids come from `sampled_ids`.
                 self._advance_decode_inputs(step, shape.num_rows)
-            ids, positions, md = self._decode_inputs(shape.num_rows, shape.cascade_rows, shape.cascade_work)
+            ids, positions, md = self._decode_inputs(shape.num_rows, shape.cascade_rows, shape.cascade_work, step)
             hidden_RH = self.model(ids, positions, PagedAttention(self.k_caches, self.v_caches, md))
             self._sample(hidden_RH, shape, step)
 
