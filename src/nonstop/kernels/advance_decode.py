@@ -32,7 +32,7 @@ def advance_decode_inputs_reference(
     running_D = num_steps_D > step
     positions_D += running_D
     context_lens_D.copy_(positions_D + 1)
-    block_D = block_tables_DM.gather(1, (positions_D // B)[:, None]).squeeze(1)
+    block_D = block_tables_DM.gather(1, (positions_D // B)[:, None]).squeeze(1).long()  # int64 slots, as the kernel
     slot_mapping_D.copy_(torch.where(running_D, block_D * B + positions_D % B, scratch_slot))
     input_ids_D.copy_(sampled_ids[(step - 1) * D : step * D])
 

@@ -11,7 +11,7 @@ from torch import Tensor
 _BLOCK = 128
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["step"])  # steps 1..k-1: one compiled kernel, not one for step 1 and one for the rest
 def _advance_decode_kernel(
     num_steps_ptr,
     positions_ptr,

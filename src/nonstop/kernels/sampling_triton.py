@@ -18,6 +18,7 @@ of the Gumbel noise use libdevice's `logf`, the function torch's CUDA `log` call
 as `torch.argmax` does. The log-sum-exp uses fast exp and differs from torch's by float rounding only.
 
 CUDA-graph safety: the launch (grid, tile sizes, buffers) depends only on shapes and the device; nothing syncs.
+The hash multiplies wrap around on purpose: Triton's debug mode (`TRITON_DEBUG=1`) flags them as overflows.
 """
 
 import math
@@ -63,7 +64,9 @@ def _log(x, PRECISE_LOG: tl.constexpr):
         return tl.log(x)
 
 
-@triton.jit
+# position_offset takes the values 0..k-1 of a multi-step launch: not specialised (1 would be a constant of its own),
+# so the split kernel compiles once per flag combination, not three times.
+@triton.jit(do_not_specialize=["position_offset"])
 def _sample_split_kernel(
     logits_ptr,
     temperature_ptr,
