@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from nonstop.kernels.rotary_triton import _heads_per_tile, _rotate_heads
+from nonstop.kernels.rotary_triton import _heads_per_tile, _load_cos_sin, _rotate_heads
 
 
 @triton.jit
@@ -59,12 +59,9 @@ def _rotary_cache_kernel(
     t = tl.program_id(0).to(tl.int64)
     offs_f = tl.arange(0, BLOCK_F)
     mask_f = offs_f < F
-    cos_ptrs = cos_ptr + t * stride_cos_token + offs_f
-    sin_ptrs = sin_ptr + t * stride_sin_token + offs_f
-    cos1 = tl.load(cos_ptrs, mask=mask_f, other=0.0).to(tl.float32)[None, :]
-    cos2 = tl.load(cos_ptrs + F, mask=mask_f, other=0.0).to(tl.float32)[None, :]
-    sin1 = tl.load(sin_ptrs, mask=mask_f, other=0.0).to(tl.float32)[None, :]
-    sin2 = tl.load(sin_ptrs + F, mask=mask_f, other=0.0).to(tl.float32)[None, :]
+    cos1, cos2, sin1, sin2 = _load_cos_sin(
+        cos_ptr + t * stride_cos_token, sin_ptr + t * stride_sin_token, offs_f, mask_f, F
+    )
     _rotate_heads(
         q_ptr + t * stride_q_token,
         q_out_ptr + t * stride_q_out_token,

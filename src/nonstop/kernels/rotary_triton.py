@@ -50,6 +50,17 @@ def _rotate_heads(
 
 
 @triton.jit
+def _load_cos_sin(cos_ptr, sin_ptr, offs_f, mask_f, F: tl.constexpr):
+    """A token's cos and sin halves, fp32 `[1, BLOCK_F]` each. Both halves are read, not one: the reference multiplies
+    by all E of them."""
+    cos1 = tl.load(cos_ptr + offs_f, mask=mask_f, other=0.0).to(tl.float32)[None, :]
+    cos2 = tl.load(cos_ptr + F + offs_f, mask=mask_f, other=0.0).to(tl.float32)[None, :]
+    sin1 = tl.load(sin_ptr + offs_f, mask=mask_f, other=0.0).to(tl.float32)[None, :]
+    sin2 = tl.load(sin_ptr + F + offs_f, mask=mask_f, other=0.0).to(tl.float32)[None, :]
+    return cos1, cos2, sin1, sin2
+
+
+@triton.jit
 def _rotary_qk_kernel(
     q_ptr,
     k_ptr,
@@ -77,13 +88,9 @@ def _rotary_qk_kernel(
     t = tl.program_id(0).to(tl.int64)
     offs_f = tl.arange(0, BLOCK_F)
     mask_f = offs_f < F
-    # Both halves of cos and sin are read, not one: the reference multiplies by all E of them.
-    cos_ptrs = cos_ptr + t * stride_cos_token + offs_f
-    sin_ptrs = sin_ptr + t * stride_sin_token + offs_f
-    cos1 = tl.load(cos_ptrs, mask=mask_f, other=0.0).to(tl.float32)[None, :]
-    cos2 = tl.load(cos_ptrs + F, mask=mask_f, other=0.0).to(tl.float32)[None, :]
-    sin1 = tl.load(sin_ptrs, mask=mask_f, other=0.0).to(tl.float32)[None, :]
-    sin2 = tl.load(sin_ptrs + F, mask=mask_f, other=0.0).to(tl.float32)[None, :]
+    cos1, cos2, sin1, sin2 = _load_cos_sin(
+        cos_ptr + t * stride_cos_token, sin_ptr + t * stride_sin_token, offs_f, mask_f, F
+    )
     _rotate_heads(
         q_ptr + t * stride_q_token,
         q_out_ptr + t * stride_q_out_token,
