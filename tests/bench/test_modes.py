@@ -48,12 +48,18 @@ def test_the_profiled_step_runs_after_the_timed_ones_and_is_left_out(tmp_path, c
         for line in capsys.readouterr().out.splitlines()
         if line.startswith("nonstop step ")
     }
-    assert sorted(printed) == [1, 2, 3, 4, 5]  # warm-up, 3 timed, profiled
+    assert sorted(printed) == [1, 2, 3, 4, 5, 6]  # warm-up, 3 timed, profiled, a last one
     timed = [printed[2], printed[3], printed[4]]
     result = json.loads(out.read_text())["results"]["sync"]
     assert result["step_s"] == pytest.approx(sum(timed) / 3, abs=6e-4)  # the timed window's mean
     assert result["step_s_median"] == pytest.approx(sorted(timed)[1], abs=6e-4)
     assert result["samples_per_s"] == pytest.approx(2 * 2 / result["step_s"])
+    assert result["profiled_step"] == 5  # not the last step: an overlap mode still generates beside it
+
+
+def test_mode_overrides_keep_a_plus_inside_a_value():
+    assert modes.split_mode("async") == ("async", [])
+    assert modes.split_mode("split:async+a.b=1+c=1e+6") == ("split:async", ["a.b=1", "c=1e+6"])
 
 
 def test_a_mode_can_carry_overrides_of_its_own(tmp_path):

@@ -71,5 +71,10 @@ def test_reference_by_hand():
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", [(64, 33, 16, 8, 1), (256, 17, 16, 8, 7), (3, 2, 256, 4, 3), (512, 70, 16, 4, 2)])
 def test_triton_matches_reference_on_cuda(case):
+    from nonstop.kernels.advance_decode_triton import advance_decode_inputs_triton
+    from nonstop.kernels.dispatch import use_fused_index_kernel
+
     with torch.inference_mode():
-        check_case(advance_decode_inputs, *case, seed=sum(case), device="cuda")  # dispatched to the kernel
+        assert use_fused_index_kernel(torch.zeros(1, dtype=torch.int64, device="cuda"))  # what the engine gets
+        check_case(advance_decode_inputs_triton, *case, seed=sum(case), device="cuda")
+        check_case(advance_decode_inputs, *case, seed=sum(case) + 1, device="cuda")  # through the dispatcher

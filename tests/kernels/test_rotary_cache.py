@@ -90,8 +90,12 @@ def test_triton_matches_reference_on_cuda(seed: int):
     inputs = make_inputs(
         torch.Generator().manual_seed(5000 + seed), T, H, K, E, 2 * T + 64, dtype, min(3, T - 1), device="cuda"
     )
+    from nonstop.kernels.dispatch import use_fused_kernel
+    from nonstop.kernels.rotary_cache_triton import rotary_and_cache_triton
+
     with torch.inference_mode():
-        check_case(rotary_and_cache, inputs, f"seed {seed}")  # dispatched to the kernel
+        assert use_fused_kernel(inputs[0])  # what the engine's decode steps get through `rotary_and_cache`
+        check_case(rotary_and_cache_triton, inputs, f"seed {seed}")
 
 
 @pytest.mark.gpu

@@ -12,7 +12,8 @@ times alternate — 0.97 to 3.2 s around a 2.1 s mean on the H200 — which a me
 `step_s_median`), throughput = (prompt + response tokens) / step time, samples/s, the ratio to sync,
 `trainer/idle_ratio`, `rollouter/idle_ratio`, staleness, weight-sync time, and the kernel-busy fraction (union of all
 CUDA kernels, both streams, over the step's wall time) from a torch.profiler trace of one more step after the timed
-ones (the profiler slows it several times: it is left out of the timing), on rank 0's GPU.
+ones (the profiler slows it several times: it is left out of the timing; one more step follows it, so that in the
+overlap modes the next block is still generating beside its update), on rank 0's GPU.
 
 Several GPUs: under `torchrun --nproc-per-node=N` every mode runs on all N ranks with the same global workload.
 A mode is `MODE` (colocated: N data-parallel ranks, each generating and training) or `split:MODE`
@@ -85,13 +86,27 @@ def response_budget(prompt_token_ids: list[int], args: argparse.Namespace) -> in
     return int(np.clip(round(draw), 1, args.response_len))
 
 
+def split_mode(name: str) -> tuple[str, list[str]]:
+    """`MODE[+key=value…]` -> (MODE, [key=value, …]); a `+` inside a value (`lr=1e+6`) stays in it."""
+    spec, *pieces = name.split("+")
+    overrides: list[str] = []
+    for piece in pieces:
+        if "=" in piece or not overrides:
+            overrides.append(piece)
+        else:
+            overrides[-1] += "+" + piece
+    return spec, overrides
+
+
 def run_mode(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any] | None:
     """One `MODE` or `split:MODE` run, optionally with `+key=value` overrides of its own (an A/B of one setting
     beside sync in the same run); None on a rollout rank (the trainer ranks report)."""
-    spec, *own = name.split("+")
+    spec, own = split_mode(name)
     placement, _, mode = spec.rpartition(":")
     run_dir = work / f"run_{hashlib.sha1(name.encode()).hexdigest()[:10]}"
-    profiled = args.warmup + args.steps + 1  # after the timed steps, left out of them (run_nonstop's after_steps)
+    # After the timed steps and left out of them, but not the last step: in the overlap modes the last one has no
+    # later block to generate beside its update. So two steps after the timed ones: the profiled one, then a last.
+    profiled = args.warmup + args.steps + 1
     run_args = argparse.Namespace(**vars(args))
     run_args.override = [
         f"trainer.mode={mode}",
@@ -115,13 +130,14 @@ def run_mode(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any] 
             params, max_tokens=response_budget(list(prompt.prompt_token_ids), args)
         )
 
-    result = run_nonstop(work, run_args, prepare=long_tail, after_steps=1)
+    result = run_nonstop(work, run_args, prepare=long_tail, after_steps=2)
     if result is None:
         return None
     summary = run_dir / "profile" / "summary.json"
     traces = json.loads(summary.read_text()).get("traces", []) if summary.exists() else []
     wall = sum(t["wall_ms"] for t in traces)
     result["kernel_busy_frac"] = sum(t["busy_ms"] for t in traces) / wall if wall > 0 else None
+    result["profiled_step"] = profiled
     # The timed window's mean: the throughput the mode sustains (see the module docstring).
     result["step_s_median"] = result["step_s"]
     result["step_s"] = float(np.mean(result.pop("step_s_all")[args.warmup :]))
@@ -142,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         write_model_dir(config, work / "model", device)
         write_tokenizer_dir(config.vocab_size, work / "tokenizer")
-        steps = args.warmup + args.steps + 1  # the profiled step after the timed ones
+        steps = args.warmup + args.steps + 2  # the profiled step and a last one after the timed ones
         write_prompts(work / "prompts.jsonl", prompt_texts(args.prompts * steps, args.prompt_len, config.vocab_size))
         write_reward_fn(work / "reward.py")
         for mode in modes:
