@@ -196,8 +196,9 @@ def run_nonstop(
 ) -> dict[str, Any] | None:
     """`prepare(trainer)` adjusts the built trainer before its first step (bench modes: per-prompt max_tokens).
     `after_steps` more steps run after the timed ones and are left out of every result (a profiled step: the
-    profiler makes it several times slower); they set `trainer.total_training_steps`, over any given override. None on a rollout rank of split placement, which steps along but
-    measures nothing (its steps report no metrics: they travel to the trainer ranks)."""
+    profiler makes it several times slower); they set `trainer.total_training_steps`, over any given override.
+    None on a rollout rank of split placement, which steps along but measures nothing (its steps report no
+    metrics: they travel to the trainer ranks)."""
     from nonstop.config import load_config
     from nonstop.trainer import build_trainer
 
