@@ -16,7 +16,6 @@
 #   trainer_profile  nonstop's side alone (resident KV, k = 8), step 5 under the torch profiler: the profile summary
 #            (per-phase kernel-busy, gaps, top kernels) and the doctor's report, to see what a decode step at 64
 #            sequences spends
-#   threads  nonstop's trainer-bench side alone under OMP_NUM_THREADS=1 (compare with the trainer step's nonstop row)
 #   gaps     the trainer bench's step 5 under torch.profiler with Python stacks: the host functions across its
 #            longest device-idle gaps (scripts/gpu/step_gaps.py)
 #   prefix_step  issue 8's whole GRPO step at 4K prompts x 8: ungrouped / grouped / grouped + cascade decode
@@ -78,8 +77,6 @@ for step in ${STEPS:-tests rollout}; do case $step in
       --variant grouped actor_rollout_ref.actor.use_prefix_grouper=True \
       --variant grouped_cascade actor_rollout_ref.actor.use_prefix_grouper=True actor_rollout_ref.rollout.cascade_attention=True \
       --out "$OUT/prefix-step.json" ;;
-  threads)  # nonstop's side alone with torch's CPU threads at 1: do tiny host-side tensor ops wait on OMP wake-ups?
-    t b_threads 120 env OMP_NUM_THREADS=1 python3 -m nonstop bench trainer --sides nonstop --out "$OUT/threads.json" ;;
   gaps) t b_gaps 120 python3 scripts/gpu/step_gaps.py --out /tmp/gaps --override actor_rollout_ref.rollout.free_cache_engine=False ;;
   logprob) t b_logprob 40 python3 -m nonstop bench logprob --out "$OUT/logprob.json" ;;
   modes|modes_a|modes_b)  # modes_a / modes_b: sync beside one of the overlap modes, each in its own call's limits (a

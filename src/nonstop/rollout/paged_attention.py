@@ -55,9 +55,7 @@ class PagedAttention:
 
     def __call__(self, layer_idx: int, q_THE: Tensor, k_TKE: Tensor, v_TKE: Tensor) -> Tensor:
         md = self.metadata
-        k_cache_PBKE, v_cache_PBKE = self.k_caches[layer_idx], self.v_caches[layer_idx]
-        K, E = k_cache_PBKE.shape[2:]
-        k_flat, v_flat = k_cache_PBKE.view(-1, K, E), v_cache_PBKE.view(-1, K, E)
+        k_cache_PBKE, v_cache_PBKE, k_flat, v_flat = self._caches(layer_idx)
         reshape_and_cache(k_TKE, v_TKE, k_flat, v_flat, md.slot_mapping_T)
 
         P = md.num_prefill_tokens
@@ -80,11 +78,15 @@ class PagedAttention:
         if md.num_prefill_tokens > 0:
             q_THE, k_TKE = apply_rotary_qk(q_THE, k_TKE, cos_TE, sin_TE)
             return self(layer_idx, q_THE, k_TKE, v_TKE)
-        k_cache_PBKE, v_cache_PBKE = self.k_caches[layer_idx], self.v_caches[layer_idx]
-        K, E = k_cache_PBKE.shape[2:]
-        k_flat, v_flat = k_cache_PBKE.view(-1, K, E), v_cache_PBKE.view(-1, K, E)
+        k_cache_PBKE, v_cache_PBKE, k_flat, v_flat = self._caches(layer_idx)
         q_THE = rotary_and_cache(q_THE, k_TKE, v_TKE, cos_TE, sin_TE, k_flat, v_flat, md.slot_mapping_T)
         return self._decode(q_THE, k_cache_PBKE, v_cache_PBKE)
+
+    def _caches(self, layer_idx: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The layer's K and V caches `[P, B, K, E]` and the same viewed as slots `[P * B, K, E]`."""
+        k_cache_PBKE, v_cache_PBKE = self.k_caches[layer_idx], self.v_caches[layer_idx]
+        K, E = k_cache_PBKE.shape[2:]
+        return k_cache_PBKE, v_cache_PBKE, k_cache_PBKE.view(-1, K, E), v_cache_PBKE.view(-1, K, E)
 
     def _prefill(self, q_THE: Tensor, k_TKE: Tensor, v_TKE: Tensor, k_flat: Tensor, v_flat: Tensor) -> Tensor:
         md = self.metadata

@@ -89,15 +89,15 @@ def generate_rollouts(
     extra_prompts: Sequence[list[int]] = (),
     extra_params: Sequence[SamplingParams] = (),
     on_extras_done: Callable[[list[RequestOutput]], None] | None = None,
-) -> tuple[RolloutBatch, list[RequestOutput]]:
+) -> RolloutBatch:
     """n samples per prompt, prompt i seeded by `prompt_seed(base_seed, step, first_index + i)` (greedy ignores the
     seed; `first_index` numbers the prompts of a step's later generation batches on from its earlier ones).
     `params` is one SamplingParams for all prompts or one per prompt. `on_prompt_done(i, samples)` gets prompt i's
     samples as soon as they are all finished, in finishing order.
 
     `extra_prompts` / `extra_params`: more requests in the same generate call (their own SamplingParams, seeds kept),
-    whose outputs come back in order beside the batch and never reach `on_prompt_done`; `on_extras_done(outputs)`
-    gets them all, in order, as soon as the last of them finishes. The trainer's weight-sync probe rides along this
+    which never reach `on_prompt_done` or the batch; `on_extras_done(outputs)` gets their outputs, in order, as soon
+    as the last of them finishes. The trainer's weight-sync probe rides along this
     way instead of paying a generate call of its own, and scores its tokens while the rollout is still decoding."""
     params_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
     per_prompt = [replace(p, seed=prompt_seed(base_seed, step, first_index + i)) for i, p in enumerate(params_list)]
@@ -115,13 +115,12 @@ def generate_rollouts(
         if on_prompt_done is not None:
             on_prompt_done(index, by_prompt[index])
 
-    outputs = llm.generate(
+    llm.generate(
         [p.prompt_token_ids for p in prompts] + [list(p) for p in extra_prompts],
         per_prompt + list(extra_params),
         on_finished=finished,
     )
-    batch = RolloutBatch([s for i in range(len(prompts)) for s in by_prompt[i]], max(p.max_tokens for p in per_prompt))
-    return batch, outputs[len(prompts) :]
+    return RolloutBatch([s for i in range(len(prompts)) for s in by_prompt[i]], max(p.max_tokens for p in per_prompt))
 
 
 def _samples(prompt: TokenizedPrompt, output: RequestOutput) -> list[Sample]:

@@ -542,7 +542,7 @@ class SyncTrainer:
                     metrics["actor/sync_logprob_diff"] = self._sync_probe(step)
                     probe = []
             on_done = submit if self.score_rules else None
-            batch, _ = generate_rollouts(
+            batch = generate_rollouts(
                 self.llm, prompts, per_prompt, self.seed, step, on_done, first_index,
                 extra_prompts=probe, extra_params=probe_params(self.llm, probe, seed=step), on_extras_done=score_probe,
             )  # fmt: skip
