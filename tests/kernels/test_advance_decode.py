@@ -15,8 +15,9 @@ from nonstop.kernels.advance_decode import advance_decode_inputs, advance_decode
 def make_buffers(gen: torch.Generator, D: int, M: int, B: int, K: int, step: int, device="cpu"):
     """Decode rows as the engine stages them: int64 steps / positions / slots / ids, int32 context lengths and block
     tables (views of one int32 buffer in the engine), positions that stay inside the table after moving on, the
-    previous steps' sampled ids."""
+    previous steps' sampled ids. Rows 0 and -1 are pinned to K and 1 steps, so a small D still mixes both kinds."""
     num_steps_D = torch.randint(1, K + 1, (D,), generator=gen)
+    num_steps_D[0], num_steps_D[-1] = K, 1  # one row still running at any step < K, one past its steps (step >= 1)
     positions_D = torch.randint(0, M * B - K, (D,), generator=gen)
     context_lens_D = (positions_D + 1).to(torch.int32)
     block_tables_DM = torch.randint(0, 10_000, (D, M), generator=gen, dtype=torch.int32)
