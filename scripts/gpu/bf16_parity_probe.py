@@ -8,8 +8,18 @@ import transformers
 
 from nonstop.models import CausalLM, ModelConfig, PackedAttention, packed_positions
 
-CFG = dict(model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-           num_attention_heads=14, num_key_value_heads=2, rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=True)
+CFG = dict(
+    model_type="qwen2",
+    vocab_size=151936,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    rms_norm_eps=1e-6,
+    rope_theta=1e6,
+    tie_word_embeddings=True,
+)
 
 
 def rel(a, b):
@@ -40,10 +50,12 @@ with torch.no_grad():
     print("len  ours~hfbf  ours~fp32  hfbf~fp32  eager~fp32  eager~hfbf  ours32~hf32")
     for s in seqs:
         n = len(s)
-        a = lg[o:o + n]
+        a = lg[o : o + n]
         t = ref32(s[None]).logits[0]
         b = refbf(s[None]).logits[0]
         e = refeager(s[None]).logits[0]
-        print(f"{n:4d}  {rel(a, b):.2e}  {rel(a, t):.2e}  {rel(b, t):.2e}  {rel(e, t):.2e}  {rel(e, b):.2e}  "
-              f"{rel(lg32[o:o + n], t):.2e}")
+        print(
+            f"{n:4d}  {rel(a, b):.2e}  {rel(a, t):.2e}  {rel(b, t):.2e}  {rel(e, t):.2e}  {rel(e, b):.2e}  "
+            f"{rel(lg32[o : o + n], t):.2e}"
+        )
         o += n

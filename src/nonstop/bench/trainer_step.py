@@ -207,6 +207,9 @@ def run_nonstop(
     trainer = build_trainer(load_config(None, overrides), console=False)
     if prepare is not None:
         prepare(trainer)
+    log = getattr(trainer, "log", None)  # metrics.jsonl in the run directory, so `nonstop doctor` can read the run
+    if log is not None:
+        log.start(total, None)
     times, rows = [], []
     try:
         for step in range(1, total + 1):
@@ -217,6 +220,8 @@ def run_nonstop(
             times.append(time.perf_counter() - start)
             rows.append(metrics)
             print(f"nonstop step {step}: {times[-1]:.3f} s", flush=True)
+            if log is not None and metrics:
+                log.write(step, metrics)
     finally:
         trainer.close()
     if not any(rows):
