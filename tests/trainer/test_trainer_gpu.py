@@ -96,3 +96,20 @@ def test_cuda_ppo_with_a_critic_learns_under_bf16_autocast(tmp_path):
         assert all(m["critic/skipped_steps"] == 0 and m["timing_s/update_critic"] > 0 for m in history)
     finally:
         trainer.close()
+
+
+def test_probe_on_its_own_thread_equals_the_inline_probe_and_reraises(tmp_path):
+    from nonstop.trainer.sync_probe import probe_diff, probe_diff_beside
+
+    trainer = make_trainer(tmp_path / "run", ("actor_rollout_ref.rollout.gpu_memory_utilization=0.3",), device="cuda")
+    try:
+        prompts, responses = [[3, 4, 5, 6], [7, 8]], [[9, 10, 11], [12, 13]]
+        engine_logprobs = [-1.0, -2.0, -0.5, -1.5, -3.0]
+        inline = probe_diff(trainer.actor, prompts, responses, engine_logprobs)
+        beside = probe_diff_beside(trainer.actor, prompts, responses, engine_logprobs)()
+        assert beside.shape == (5,) and torch.equal(inline, beside)
+        wait = probe_diff_beside(trainer.actor, prompts, responses[:1], engine_logprobs)  # zip(strict) raises inside
+        with pytest.raises(ValueError):
+            wait()
+    finally:
+        trainer.close()

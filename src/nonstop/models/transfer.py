@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -14,3 +17,16 @@ def host_to_device(host: Tensor, device: torch.device | str) -> Tensor:
     if device.type != "cuda":
         return host.to(device)
     return host.contiguous().pin_memory().to(device, non_blocking=True)
+
+
+def concat_to_device(parts: Sequence[np.ndarray], device: torch.device | str) -> Tensor:
+    """`np.concatenate(parts)` on `device`, as `host_to_device` sends it, but on CUDA concatenated by numpy straight
+    into the pinned buffer: pinning a finished host tensor copies it once more through torch's CPU copy, which took
+    3.9 ms for the update's 0.8 MB packed micro-batch on the H200 machine (profiled), the GPU idle meanwhile."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return torch.from_numpy(np.concatenate(parts)).to(device)
+    dtype = np.result_type(*parts)
+    pinned = torch.empty(sum(len(p) for p in parts), dtype=torch.from_numpy(np.empty(0, dtype)).dtype, pin_memory=True)
+    np.concatenate(parts, out=pinned.numpy())
+    return pinned.to(device, non_blocking=True)

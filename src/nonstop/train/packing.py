@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from nonstop.models.attention import PackedAttention
-from nonstop.models.transfer import host_to_device
+from nonstop.models.transfer import concat_to_device
 from nonstop.train.logprob import chunked_logprobs_and_entropy
 
 if TYPE_CHECKING:
@@ -71,8 +71,8 @@ def pack_sequences(
     positions_T = torch.cat([torch.arange(n) for n in lengths])
     T, R = len(input_ids_T), len(response_index_R)
     predict_index_R, target_ids_R = response_index_R - 1, input_ids_T[response_index_R]
-    host = torch.cat([input_ids_T, positions_T, response_mask_T.long(), predict_index_R, target_ids_R])
-    ids_T, positions_T, mask_T, predict_R, target_R = host_to_device(host, device).split([T, T, T, R, R])
+    parts = [t.numpy() for t in (input_ids_T, positions_T, response_mask_T.long(), predict_index_R, target_ids_R)]
+    ids_T, positions_T, mask_T, predict_R, target_R = concat_to_device(parts, device).split([T, T, T, R, R])
     return PackedBatch(
         input_ids_T=ids_T,
         positions_T=positions_T,

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from nonstop.models.prefix_attention import PrefixGroupedAttention
-from nonstop.models.transfer import host_to_device
+from nonstop.models.transfer import concat_to_device
 from nonstop.train.balancing import token_budget_micro_batches
 
 TokenIds = Sequence[int] | Tensor
@@ -98,12 +98,8 @@ def pack_prefix_groups(
     first_R = (np.cumsum(lengths_R) - lengths_R)[lengths_R > 0]  # each response's first token, in response order
     predict_index_R[first_R] = np.array(prompt_last, dtype=np.int64)[lengths_R > 0]
     R = len(response_index_R)
-    host = torch.from_numpy(
-        np.concatenate(
-            [input_ids_T, positions_T, document_T, segment_T, predict_index_R, input_ids_T[response_index_R]]
-        )
-    )
-    ids, positions, document, segment, predict, target = host_to_device(host, device).split([T, T, T, T, R, R])
+    parts = [input_ids_T, positions_T, document_T, segment_T, predict_index_R, input_ids_T[response_index_R]]
+    ids, positions, document, segment, predict, target = concat_to_device(parts, device).split([T, T, T, T, R, R])
     return PrefixGroupedBatch(
         input_ids_T=ids,
         positions_T=positions,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -60,7 +60,14 @@ from nonstop.trainer.loggers import build_sinks
 from nonstop.trainer.metrics import MetricsLog, data_metrics, model_flops_metrics
 from nonstop.trainer.plots import plot_curves
 from nonstop.trainer.rollout_batch import RolloutBatch, Sample, generate_rollouts
-from nonstop.trainer.sync_probe import PROBE_PROMPTS, probe_diff, probe_engine, probe_params, probe_results
+from nonstop.trainer.sync_probe import (
+    PROBE_PROMPTS,
+    probe_diff,
+    probe_diff_beside,
+    probe_engine,
+    probe_params,
+    probe_results,
+)
 
 # Estimators the loop can feed: outcome scores and groups, plus the critic's values for gae (remax's greedy baseline
 # pass does not exist yet).
@@ -521,12 +528,17 @@ class SyncTrainer:
                 for j, s in enumerate(samples)
             )
 
-        probe_diffs: list[torch.Tensor] = []
+        probe_diffs: list[Callable[[], torch.Tensor]] = []
 
         def score_probe(outputs: list[RequestOutput]) -> None:
             """The probe's trainer half as soon as its tokens are sampled, mid-rollout: its kernels queue behind the
-            decode steps in flight instead of running after the rollout with the GPU waiting on the host."""
-            probe_diffs.append(probe_diff(self.actor, probe, *probe_results(outputs)))
+            decode steps in flight instead of running after the rollout with the GPU waiting on the host. On one
+            CUDA rank on a thread of its own, so the rollout's thread goes on launching decode steps meanwhile."""
+            if self.device.type == "cuda" and self.dist.world_size == 1:
+                probe_diffs.append(probe_diff_beside(self.actor, probe, *probe_results(outputs)))
+            else:
+                diff = probe_diff(self.actor, probe, *probe_results(outputs))
+                probe_diffs.append(lambda: diff)
 
         if self.free_cache_engine:
             self.llm.resume()
@@ -547,11 +559,12 @@ class SyncTrainer:
                 extra_prompts=probe, extra_params=probe_params(self.llm, probe, seed=step), on_extras_done=score_probe,
             )  # fmt: skip
         finally:
+            diffs = [wait() for wait in probe_diffs]  # no probe thread outlives the rollout, even a failed one
             if release:
                 self.llm.release()
             self.kv_resident_in_training = not release
         if probe:  # the trainer's half ran on the weights the probe's tokens were sampled with (no update since)
-            metrics["actor/sync_logprob_diff"] = probe_diffs[0].mean().item()
+            metrics["actor/sync_logprob_diff"] = diffs[0].mean().item()
         return batch
 
     def _keeps_kv_cache(self) -> bool:
