@@ -1,7 +1,9 @@
 """What one `LLM.generate` call did, under the metric names `nonstop doctor` reads (`rollout/*`).
 
 The long tail: generation time spent in engine steps running fewer than a quarter of the call's peak number of
-sequences (`rollout/tail_frac`) and how full those steps were on average (`rollout/tail_batch_fill`). KV pressure:
+sequences once the batch has reached that peak (`rollout/tail_frac`), and how full those steps were on average
+(`rollout/tail_batch_fill`). The steps before the peak are the ramp-up (the prompts' prefill, before a group forks
+into its n samples), not a tail. KV pressure:
 time in steps that preempted or could not admit a waiting request for lack of free KV blocks
 (`rollout/kv_blocked_frac`).
 """
@@ -35,7 +37,8 @@ def rollout_metrics(stats: SchedulerStats, steps: list[StepLogEntry]) -> dict[st
     if total <= 0:
         return metrics
     peak = max(s.num_seqs for s in steps)
-    tail = [s for s in steps if s.num_seqs < TAIL_FRACTION * peak]
+    first_peak = next(i for i, s in enumerate(steps) if s.num_seqs == peak)
+    tail = [s for s in steps[first_peak:] if s.num_seqs < TAIL_FRACTION * peak]
     tail_s = sum(s.wall_s for s in tail)
     metrics["rollout/tail_frac"] = tail_s / total
     if tail_s > 0:
