@@ -79,7 +79,7 @@ for step in ${STEPS:-tests rollout}; do case $step in
       --out "$OUT/prefix-step.json" ;;
   gaps) t b_gaps 200 python3 scripts/gpu/step_gaps.py --out /tmp/gaps --override actor_rollout_ref.rollout.free_cache_engine=False
     # the trace too when it fits what a call brings back (16 MiB a file), for reading it here without device time
-    [ "$(stat -c %s /tmp/gaps/trace.json.gz 2>/dev/null || echo 1e9)" -lt 16000000 ] && cp /tmp/gaps/trace.json.gz "$OUT/gaps-trace.json.gz" ;;
+    [ "$(stat -c %s /tmp/gaps/trace.json.gz 2>/dev/null || echo 999999999)" -lt 16000000 ] && cp /tmp/gaps/trace.json.gz "$OUT/gaps-trace.json.gz" ;;
   logprob) t b_logprob 40 python3 -m nonstop bench logprob --out "$OUT/logprob.json" ;;
   modes|modes_a|modes_b)  # modes_a / modes_b: sync beside one of the overlap modes, each in its own call's limits (a
     # cold inductor cache costs ~180 s of FlexAttention compiles in the first mode's second step)

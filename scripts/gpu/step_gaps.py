@@ -132,7 +132,9 @@ def timeline(frames, every: list[tuple[float, float]], origin: float, total: flo
         inside = [(max(a, start), min(b, end)) for a, b in every if b > start and a < end]
         idle = sum(b - a for a, b in inside)
         if idle > bin_us / 3:
-            rows.append((lo * bin_us / 1e3, idle / 1e3, aggregate(frames, inside, 3)))
+            # Only frames starting from 20 windows back can count (a longer one is over 20x any gap in here).
+            near = frames[bisect.bisect_left(frames, (start - 20 * bin_us,)) : bisect.bisect_left(frames, (end,))]
+            rows.append((lo * bin_us / 1e3, idle / 1e3, aggregate(near, inside, 3)))
     return rows
 
 

@@ -20,6 +20,8 @@ def test_cpu_equals_numpy_concatenate():
     np.testing.assert_array_equal(got.numpy(), want)
     floats = [np.array([0.5, -1.25], dtype=np.float32), np.array([3.0], dtype=np.float32)]
     assert concat_to_device(floats, "cpu").tolist() == [0.5, -1.25, 3.0]
+    with pytest.raises(ValueError, match=r"1-D arrays, got shapes \[\(2,\), \(1, 2\)\]"):
+        concat_to_device([np.zeros(2), np.zeros((1, 2))], "cpu")
 
 
 @pytest.mark.gpu

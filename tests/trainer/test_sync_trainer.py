@@ -267,6 +267,43 @@ def test_riding_along_the_probe_is_scored_while_the_rollout_still_decodes(traine
     assert metrics["actor/sync_logprob_diff"] < 1e-5
 
 
+def test_a_failed_probe_thread_raises_after_the_kv_release_and_never_masks_the_rollouts_error(
+    trainer_factory, monkeypatch
+):
+    import nonstop.trainer.sync_trainer as sync_trainer
+
+    trainer = trainer_factory(("trainer.total_training_steps=2",), engine_copy=True)
+    trainer.free_cache_engine = True  # as on CUDA: the KV cache is taken for generation and released after it
+    monkeypatch.setattr(trainer, "_keeps_kv_cache", lambda: False)
+    monkeypatch.setattr(trainer, "_probe_on_thread", lambda: True)
+    calls = []
+
+    def failing_probe(*args):
+        def wait():
+            calls.append("wait")
+            raise RuntimeError("probe forward failed")
+
+        return wait
+
+    monkeypatch.setattr(sync_trainer, "probe_diff_beside", failing_probe)
+    released = []
+    real_release = trainer.llm.release
+    monkeypatch.setattr(trainer.llm, "release", lambda *a: released.append(True) or real_release(*a))
+    with pytest.raises(RuntimeError, match="probe forward failed"):
+        trainer.step(1)
+    assert calls == ["wait"] and released == [True]  # the thread was waited for and the cache still released
+
+    def failing_rollout(*args, **kwargs):
+        kwargs["on_extras_done"]([])  # the probe "finished" (its thread will fail too), then the rollout fails
+        raise ValueError("rollout failed")
+
+    monkeypatch.setattr(sync_trainer, "probe_results", lambda outputs: ([], []))
+    monkeypatch.setattr(sync_trainer, "generate_rollouts", failing_rollout)
+    with pytest.raises(ValueError, match="rollout failed"):
+        trainer.step(2)
+    assert calls == ["wait", "wait"] and released == [True, True]
+
+
 def test_keeps_kv_cache_by_hand():
     from nonstop.trainer.sync_trainer import keeps_kv_cache, training_peak_bytes
 

@@ -534,7 +534,7 @@ class SyncTrainer:
             """The probe's trainer half as soon as its tokens are sampled, mid-rollout: its kernels queue behind the
             decode steps in flight instead of running after the rollout with the GPU waiting on the host. On one
             CUDA rank on a thread of its own, so the rollout's thread goes on launching decode steps meanwhile."""
-            if self.device.type == "cuda" and self.dist.world_size == 1:
+            if self._probe_on_thread():
                 probe_diffs.append(probe_diff_beside(self.actor, probe, *probe_results(outputs)))
             else:
                 diff = probe_diff(self.actor, probe, *probe_results(outputs))
@@ -559,13 +559,24 @@ class SyncTrainer:
                 extra_prompts=probe, extra_params=probe_params(self.llm, probe, seed=step), on_extras_done=score_probe,
             )  # fmt: skip
         finally:
-            diffs = [wait() for wait in probe_diffs]  # no probe thread outlives the rollout, even a failed one
+            diffs, probe_error = [], None
+            for wait in probe_diffs:  # no probe thread outlives the rollout, even a failed one
+                try:
+                    diffs.append(wait())
+                except Exception as e:  # raised below, after the release, unless the rollout's own error is
+                    probe_error = probe_error or e
             if release:
                 self.llm.release()
             self.kv_resident_in_training = not release
+        if probe_error is not None:
+            raise probe_error
         if probe:  # the trainer's half ran on the weights the probe's tokens were sampled with (no update since)
             metrics["actor/sync_logprob_diff"] = diffs[0].mean().item()
         return batch
+
+    def _probe_on_thread(self) -> bool:
+        """The probe's trainer half on a thread of its own: one CUDA rank (sharded ranks' collectives keep order)."""
+        return self.device.type == "cuda" and self.dist.world_size == 1
 
     def _keeps_kv_cache(self) -> bool:
         """`free_cache_engine`, except for a cache the update does not need the room of (`keeps_kv_cache`)."""
