@@ -35,19 +35,18 @@ def gaps(busy: list[tuple[float, float]], min_us: float) -> list[tuple[float, fl
     return [(a[1], b[0]) for a, b in zip(busy[:-1], busy[1:], strict=True) if b[0] - a[1] >= min_us]
 
 
-def host_functions(events: list[dict], start: float, end: float, top: int) -> list[tuple[float, float, str]]:
-    """(overlap µs, duration µs, name) of nonstop Python functions overlapping [start, end], most overlap first,
-    leaving out frames over 20x the gap's length."""
-    found = []
-    for e in events:
-        if e.get("cat") != "python_function" or "nonstop" not in e.get("name", ""):
-            continue
-        a, b = e["ts"], e["ts"] + e.get("dur", 0)
-        if b - a > 20 * (end - start):  # an outer frame (the step, the phase): says nothing about this gap
-            continue
-        overlap = min(b, end) - max(a, start)
-        if overlap > 0.02 * (end - start):
-            found.append((overlap, b - a, e["name"]))
+def counted_overlap(a: float, b: float, start: float, end: float) -> float:
+    """µs of frame [a, b] over gap [start, end]; 0 where the frame says nothing about the gap: over 20x its length
+    (an outer frame: the step, the phase) or covering under 2% of it."""
+    length = end - start
+    overlap = min(b, end) - max(a, start)
+    return overlap if b - a <= 20 * length and overlap > 0.02 * length else 0.0
+
+
+def host_functions(frames, start: float, end: float, top: int) -> list[tuple[float, float, str]]:
+    """(overlap µs, duration µs, name) of the nonstop frames (`nonstop_frames`) counted over [start, end], most
+    overlap first."""
+    found = [(o, b - a, name) for a, b, name in frames if (o := counted_overlap(a, b, start, end)) > 0]
     found.sort(key=lambda f: (-f[0], f[1]))
     return found[:top]
 
@@ -110,16 +109,14 @@ def nonstop_frames(events: list[dict]) -> list[tuple[float, float, str]]:
 
 def aggregate(frames: list[tuple[float, float, str]], found: list[tuple[float, float]], top: int):
     """(idle ms, name) summed over the gaps `found` (disjoint): the nonstop functions the host was in while the GPU
-    waited, each frame counted where it covers > 2% of a gap and is at most 20x its length. A sweep: each frame
+    waited, each frame counted where `counted_overlap` counts it. A sweep: each frame
     visits only the gaps it overlaps (the step has ~1,400 gaps >= 20 us and ~10^5 frames)."""
     found = sorted(found)
     starts, ends = [a for a, _ in found], [b for _, b in found]
     totals: dict[str, float] = {}
     for a, b, name in frames:
         for start, end in found[bisect.bisect_right(ends, a) : bisect.bisect_left(starts, b)]:
-            length = end - start
-            overlap = min(b, end) - max(a, start)
-            if b - a <= 20 * length and overlap > 0.02 * length:
+            if overlap := counted_overlap(a, b, start, end):
                 totals[name] = totals.get(name, 0.0) + overlap
     return sorted(((v / 1e3, k) for k, v in totals.items()), reverse=True)[:top]
 
@@ -203,7 +200,7 @@ def main() -> int:
         print(f"  {at:6.0f} ms  {idle:5.1f} idle  " + " | ".join(f"{n[-70:]} {ms:.1f}" for ms, n in names))
     for start, end in found[: known.gaps]:
         print(f"\n== gap {(end - start) / 1e3:.1f} ms at {(start - busy[0][0]) / 1e3:.1f} ms")
-        for overlap, dur, name in host_functions(events, start, end, 14):
+        for overlap, dur, name in host_functions(frames, start, end, 14):
             print(f"  {overlap / 1e3:7.2f} of {dur / 1e3:7.2f} ms  {name[:150]}")
         for dur, name in slow_ops(events, start, end, main_tid, 6):  # CPU ops >= 0.3 ms: contention shows here
             print(f"  op {dur / 1e3:7.2f} ms  {name[:100]}")

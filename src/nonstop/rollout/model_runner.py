@@ -442,6 +442,8 @@ class ModelRunner:
         )  # fmt: skip
 
     def allocate_kv_cache(self) -> None:
+        """Take the KV cache, zeroed; the CUDA graphs are dropped (re-captured at the next decode) if it is not where
+        they captured the old one."""
         c = self.config
         shape = (2, c.num_hidden_layers, self.num_kv_blocks + 1, self.block_size, c.num_key_value_heads, c.head_dim)
         if self.device.type == "cuda":

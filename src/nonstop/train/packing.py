@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from nonstop.models.attention import PackedAttention
+from nonstop.models.attention import PackedAttention, packed_positions
 from nonstop.models.transfer import concat_to_device
 from nonstop.train.logprob import chunked_logprobs_and_entropy
 
@@ -68,7 +68,7 @@ def pack_sequences(
     input_ids_T = torch.cat(ids)
     response_mask_T = torch.cat(is_response)
     response_index_R = response_mask_T.nonzero().squeeze(1)
-    positions_T = torch.cat([torch.arange(n) for n in lengths])
+    positions_T = packed_positions(lengths, "cpu")
     T, R = len(input_ids_T), len(response_index_R)
     predict_index_R, target_ids_R = response_index_R - 1, input_ids_T[response_index_R]
     parts = [t.numpy() for t in (input_ids_T, positions_T, response_mask_T.long(), predict_index_R, target_ids_R)]

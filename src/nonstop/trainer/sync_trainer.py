@@ -528,17 +528,17 @@ class SyncTrainer:
                 for j, s in enumerate(samples)
             )
 
-        probe_diffs: list[Callable[[], torch.Tensor]] = []
+        probe_waits: list[Callable[[], torch.Tensor]] = []  # at most one: the wait for the probe's trainer half
 
         def score_probe(outputs: list[RequestOutput]) -> None:
             """The probe's trainer half as soon as its tokens are sampled, mid-rollout: its kernels queue behind the
             decode steps in flight instead of running after the rollout with the GPU waiting on the host. On one
             CUDA rank on a thread of its own, so the rollout's thread goes on launching decode steps meanwhile."""
             if self._probe_on_thread():
-                probe_diffs.append(probe_diff_beside(self.actor, probe, *probe_results(outputs)))
+                probe_waits.append(probe_diff_beside(self.actor, probe, *probe_results(outputs)))
             else:
                 diff = probe_diff(self.actor, probe, *probe_results(outputs))
-                probe_diffs.append(lambda: diff)
+                probe_waits.append(lambda: diff)
 
         if self.free_cache_engine:
             self.llm.resume()
@@ -560,11 +560,10 @@ class SyncTrainer:
             )  # fmt: skip
         finally:
             diffs, probe_error = [], None
-            for wait in probe_diffs:  # no probe thread outlives the rollout, even a failed one
-                try:
-                    diffs.append(wait())
-                except Exception as e:  # raised below, after the release, unless the rollout's own error is
-                    probe_error = probe_error or e
+            try:  # no probe thread outlives the rollout, even a failed one
+                diffs = [wait() for wait in probe_waits]
+            except Exception as e:  # raised below, after the release, unless the rollout's own error is
+                probe_error = e
             if release:
                 self.llm.release()
             self.kv_resident_in_training = not release
