@@ -25,6 +25,9 @@
 #   lora     LoRA vs full fine-tuning (issue 9)
 #   prefix   prefix-grouping sweep, both shapes, 2K/4K/8K prompts, n 4/8/16 (issue 8)
 #   prefix_resp  the same at 4K prompts, n = 8, with 256- and 1024-token responses (Qwen2.5-1.5B)
+#   block_mask  the prefix-grouped block mask built from the host layout: its GPU tests (tensor for tensor = the
+#            compiled create_block_mask, built without a sync, FlexAttention forward + backward, grouped = ungrouped
+#            actor and critic), then `bench block-mask` (host ms per micro-batch at 16k and 32k tokens)
 source "$(dirname "$0")/common.sh"
 for step in ${STEPS:-tests rollout}; do case $step in
   tests)
@@ -93,6 +96,10 @@ for step in ${STEPS:-tests rollout}; do case $step in
     --response-lens 512 --n 4,8,16 --out "$OUT/prefix.json" ;;
   prefix_resp) t b_prefix_resp 150 python3 -m nonstop bench prefix --models qwen2.5-1.5b --prompt-lens 4096 \
     --response-lens 256,1024 --n 8 --out "$OUT/prefix-resp.json" ;;
+  block_mask)
+    gpu_test t_block_mask 240 tests/models/test_prefix_attention.py tests/train/test_prefix_grouping.py \
+      tests/trainer/test_critic_prefix_grouping.py
+    t b_block_mask 120 python3 -m nonstop bench block-mask --out "$OUT/block-mask.json" ;;
   *) echo "unknown step $step" ;;
 esac; done
 pack_logs

@@ -1,9 +1,11 @@
 """Prefix-grouped attention against attention over each sample's own `[prompt | response]` sequence: the SDPA
 reference on CPU, FlexAttention's block mask on CPU (forward only: torch 2.13 has no CPU backward for it) and the
-compiled FlexAttention path on CUDA (forward and backward)."""
+compiled FlexAttention path on CUDA (forward and backward). The block mask built from the host layout against
+`create_block_mask`'s, tensor for tensor."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from nonstop.models.attention import reference_causal_attention
 from nonstop.models.prefix_attention import (
     flex_bucket,
     flex_prefix_grouped_attention,
+    layout_block_mask,
     prefix_grouped_block_mask,
     reference_prefix_grouped_attention,
 )
@@ -101,9 +104,92 @@ def test_flex_on_cuda_forward_and_backward_equal_reference(dtype, tol):
     grad_out = torch.randn(T, H, E, device="cuda", generator=torch.Generator("cuda").manual_seed(4))
     ref = reference_prefix_grouped_attention(*ref_inputs, attn.cu_group_lens, attn.segment_T.cuda())
     ref.backward(grad_out)
-    block_mask = prefix_grouped_block_mask(batch.document_T.cuda(), batch.segment_T.cuda())
+    block_mask = layout_block_mask(attn.layout, batch.document_T.cuda(), batch.segment_T.cuda())  # as in training
     out = flex_prefix_grouped_attention(*inputs, block_mask)
     out.backward(grad_out.to(dtype))
     torch.testing.assert_close(out.float(), ref, rtol=tol, atol=tol)
     for x, x_ref in zip(inputs, ref_inputs, strict=True):
         torch.testing.assert_close(x.grad.float(), x_ref.grad, rtol=tol, atol=tol)
+
+
+BLOCK_MASK_TENSORS = [
+    "kv_num_blocks",
+    "kv_indices",
+    "full_kv_num_blocks",
+    "full_kv_indices",
+    "q_num_blocks",
+    "q_indices",
+    "full_q_num_blocks",
+    "full_q_indices",
+]
+
+
+def assert_same_block_mask(block_mask, ref):
+    assert (block_mask.seq_lengths, block_mask.BLOCK_SIZE) == (ref.seq_lengths, ref.BLOCK_SIZE)
+    for name in BLOCK_MASK_TENSORS:
+        x, x_ref = getattr(block_mask, name), getattr(ref, name)
+        assert (x.shape, x.dtype, x.device) == (x_ref.shape, x_ref.dtype, x_ref.device), name
+        assert torch.equal(x, x_ref), name
+
+
+def edge_layout(rng: np.random.Generator, max_tokens: int):
+    """20 groups drawn, those that still fit in `max_tokens` kept: prompts of 1..300 tokens, 1..8 responses of 0, 1,
+    127-129 (around a 128-token block edge) or 0..400 tokens."""
+    layout, total = [], 0
+    for _ in range(20):
+        prompt = int(rng.integers(1, 301))
+        responses = [int(rng.choice([0, 1, 127, 128, 129, rng.integers(0, 401)])) for _ in range(rng.integers(1, 9))]
+        if total + prompt + sum(responses) <= max_tokens:
+            layout.append((prompt, responses))
+            total += prompt + sum(responses)
+    return layout or [(1, [0])]
+
+
+# Segment edges on block edges: prompts and responses ending exactly at multiples of 128, and one token either side.
+BLOCK_EDGE_LAYOUTS = [
+    [(128, [128, 0, 256, 1])],
+    [(127, [1, 128, 0]), (256, [127, 129])],
+    [(1, [127]), (128, [0, 128]), (1, [1, 126])],
+    [(300, [1] * 40), (5, [251])],
+]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_layout_block_mask_equals_create_block_mask(seed):
+    """Every tensor of the BlockMask, over random layouts in buckets of 128..2048 tokens and the block-edge layouts."""
+    rng = np.random.default_rng(seed)
+    layouts = [edge_layout(rng, max_tokens) for max_tokens in (100, 250, 500, 1000, 2000)]
+    for layout in layouts + BLOCK_EDGE_LAYOUTS[seed : seed + 1]:
+        batch = grouped_batch(layout)
+        attn = batch.attention()
+        assert_same_block_mask(attn.block_mask(), prefix_grouped_block_mask(batch.document_T, batch.segment_T))
+        assert attn.block_mask() is attn.block_mask()  # built once per micro-batch
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("seed", [0, 1])
+def test_flex_through_layout_block_mask_equals_reference_mask(seed):
+    layout = edge_layout(np.random.default_rng(seed + 10), max_tokens=900)
+    batch = grouped_batch(layout)
+    T = batch.input_ids_T.numel()
+    q, k, v = random_qkv(seed, T)
+    with torch.no_grad():
+        out = flex_prefix_grouped_attention(q, k, v, batch.attention().block_mask())
+        ref = flex_prefix_grouped_attention(q, k, v, prefix_grouped_block_mask(batch.document_T, batch.segment_T))
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    torch.testing.assert_close(out, per_sample_attention(q, k, v, layout), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_layout_block_mask_on_cuda_is_sync_free_and_equals_compiled_create_block_mask():
+    rng = np.random.default_rng(5)
+    for max_tokens in (300, 5000, 30000):
+        batch = grouped_batch(edge_layout(rng, max_tokens))
+        document_T, segment_T = batch.document_T.cuda(), batch.segment_T.cuda()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")  # a sync would hold the host until the queued layers finish
+        try:
+            block_mask = layout_block_mask(batch.attention().layout, document_T, segment_T)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert_same_block_mask(block_mask, prefix_grouped_block_mask(document_T, segment_T))

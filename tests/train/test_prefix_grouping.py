@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from nonstop.models import CausalLM, ModelConfig
+from nonstop.models.prefix_layout import PrefixGroupLayout
 from nonstop.train import (
     group_by_prompt,
     pack_prefix_groups,
@@ -62,12 +63,14 @@ def test_grouped_layout():
     assert batch.segment_T.tolist() == [0, 0, 0, 1, 1, 2, 0, 1, 1, 3]
     assert batch.document_T.tolist() == [0, 0, 0, 0, 0, 0, 1, 1, 1, 1]
     assert batch.group_lengths == [6, 4]
+    assert (batch.prompt_lengths, batch.group_sizes) == ([3, 1], [2, 3])
     assert batch.response_lengths == [2, 1, 2, 0, 1]
     # Token 4 and token 6 are both predicted by the prompt's last token (index 2); token 5 by token 4. In group 2,
     # tokens 8 and 10 by the prompt token 7 (index 6).
     assert batch.predict_index_R.tolist() == [2, 3, 2, 6, 7, 6]
     assert batch.target_ids_R.tolist() == [4, 5, 6, 8, 9, 10]
     assert batch.attention().cu_group_lens == [0, 6, 10]
+    assert batch.attention().layout == PrefixGroupLayout([3, 1], [2, 3], [2, 1, 2, 0, 1])
     with pytest.raises(ValueError, match="group 1 has an empty prompt"):
         pack_prefix_groups([([1], [[2]]), ([], [[3]])])
     with pytest.raises(ValueError, match="group 0 has no responses"):

@@ -7,6 +7,7 @@ import importlib
 
 # name -> module with `main(argv) -> int`; imported lazily so `nonstop --help` stays fast.
 BENCHMARKS = {
+    "block-mask": "nonstop.bench.block_mask",
     "cascade": "nonstop.bench.cascade",
     "decode-attention": "nonstop.bench.decode_attention",
     "lora": "nonstop.bench.lora",

@@ -15,7 +15,9 @@ Two implementations of the rule:
 - `flex_prefix_grouped_attention`: `torch.nn.attention.flex_attention` with a block mask, compiled on CUDA. Tokens are
   padded to a power-of-two bucket so compiled kernels are reused across micro-batches (a handful of shapes per run);
   a padding token sees only itself, so padding costs diagonal blocks only. The block mask is built once per
-  micro-batch, on the first layer's call, and reused by every layer.
+  micro-batch, on the first layer's call, and reused by every layer: from the host-known layout
+  (`layout_block_mask`, tiles classified in models/prefix_layout.py), one copy to the device and no pass of the
+  rule over token pairs. `prefix_grouped_block_mask` (`create_block_mask` over the rule) is its reference.
 
 Legend: T packed tokens, P padded tokens (the bucket), H query heads, K key/value heads, E head dim, G group tokens.
 """
@@ -24,11 +26,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from nonstop.models.attention import autocast_inputs
+from nonstop.models.prefix_layout import PrefixGroupLayout, block_tiles
+from nonstop.models.transfer import concat_to_device
 
 FLEX_BLOCK_SIZE = 128
 
@@ -70,20 +75,52 @@ def padded_labels(document_T: Tensor, segment_T: Tensor) -> tuple[Tensor, Tensor
     return document_P, segment_P
 
 
-def prefix_grouped_block_mask(document_T: Tensor, segment_T: Tensor):
-    """FlexAttention `BlockMask` of the visibility rule over the padded bucket."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
+def _padded_mask_mod(document_T: Tensor, segment_T: Tensor):
+    """The bucket length and FlexAttention's mask_mod of the rule over the padded labels."""
     document_P, segment_P = padded_labels(document_T, segment_T)
-    P = document_P.shape[0]
 
     def mask_mod(b, h, q_idx, kv_idx):
         same_doc = document_P[q_idx] == document_P[kv_idx]
         return same_doc & visible_mask(segment_P[q_idx], segment_P[kv_idx], q_idx, kv_idx)
 
+    return document_P.shape[0], mask_mod
+
+
+def prefix_grouped_block_mask(document_T: Tensor, segment_T: Tensor):
+    """FlexAttention `BlockMask` of the visibility rule over the padded bucket, by `create_block_mask`: the reference
+    for `layout_block_mask`."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    P, mask_mod = _padded_mask_mod(document_T, segment_T)
     # Compiled mask construction never materialises the [P, P] mask; eager (CPU tests) does, at small P.
     return create_block_mask(
         mask_mod, None, None, P, P, device=document_T.device, BLOCK_SIZE=FLEX_BLOCK_SIZE, _compile=document_T.is_cuda
+    )
+
+
+def layout_block_mask(layout: PrefixGroupLayout, document_T: Tensor, segment_T: Tensor):
+    """`prefix_grouped_block_mask`'s `BlockMask`, tensor for tensor, with its tiles classified on the host from the
+    layout and sent in one non-blocking copy; mask_mod (over the device labels) runs only inside partial tiles."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    assert layout.num_tokens == document_T.shape[0], "the layout does not describe these labels"
+    P, mask_mod = _padded_mask_mod(document_T, segment_T)
+    Q = P // FLEX_BLOCK_SIZE
+    shapes, parts = [], []
+    for tiles_QK in block_tiles(layout, Q, FLEX_BLOCK_SIZE):
+        # create_block_mask's order: a row's tiles by ascending key block, then its other key blocks ascending.
+        shapes += [(1, 1, Q), (1, 1, Q, Q)]
+        parts += [tiles_QK.sum(axis=-1), np.argsort(~tiles_QK, axis=-1, kind="stable").ravel()]
+    # Each tensor starts 128-byte aligned in the one buffer: compiled kernels assume aligned inputs and clone
+    # misaligned ones on every call.
+    padded = [np.pad(part.astype(np.int32), (0, -len(part) % 32)) for part in parts]
+    flat = concat_to_device(padded, document_T.device)
+    starts = np.cumsum([0] + [len(part) for part in padded[:-1]])
+    kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices = (
+        flat[start : start + len(part)].view(shape) for start, part, shape in zip(starts, parts, shapes, strict=True)
+    )
+    return BlockMask.from_kv_blocks(
+        kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, BLOCK_SIZE=FLEX_BLOCK_SIZE, mask_mod=mask_mod
     )
 
 
@@ -128,12 +165,17 @@ class PrefixGroupedAttention:
     cu_group_lens: list[int]  # [groups + 1] token offsets of the groups
     document_T: Tensor  # [T] int32, group index of each token
     segment_T: Tensor  # [T] int32, 0 on prompts, j on response j of a group
+    layout: PrefixGroupLayout  # the same micro-batch described on the host: the block mask comes from it
     _block_mask: object = field(default=None, repr=False)
+
+    def block_mask(self):
+        """FlexAttention's block mask, built on the first layer's call and reused by every layer."""
+        if self._block_mask is None:
+            self._block_mask = layout_block_mask(self.layout, self.document_T, self.segment_T)
+        return self._block_mask
 
     def __call__(self, layer_idx: int, q_THE: Tensor, k_TKE: Tensor, v_TKE: Tensor) -> Tensor:
         q_THE, k_TKE, v_TKE = autocast_inputs(q_THE, k_TKE, v_TKE)
         if q_THE.is_cuda:
-            if self._block_mask is None:
-                self._block_mask = prefix_grouped_block_mask(self.document_T, self.segment_T)
-            return flex_prefix_grouped_attention(q_THE, k_TKE, v_TKE, self._block_mask)
+            return flex_prefix_grouped_attention(q_THE, k_TKE, v_TKE, self.block_mask())
         return reference_prefix_grouped_attention(q_THE, k_TKE, v_TKE, self.cu_group_lens, self.segment_T)

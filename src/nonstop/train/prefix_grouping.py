@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from nonstop.models.prefix_attention import PrefixGroupedAttention
+from nonstop.models.prefix_layout import PrefixGroupLayout
 from nonstop.models.transfer import concat_to_device
 from nonstop.train.balancing import token_budget_micro_batches
 
@@ -36,6 +37,8 @@ class PrefixGroupedBatch:
     input_ids_T: Tensor  # [T] long
     positions_T: Tensor  # [T] long: 0..P-1 on the prompt, P.. again on every response
     group_lengths: list[int]  # [groups] P + Σ r_j
+    prompt_lengths: list[int]  # [groups] P
+    group_sizes: list[int]  # [groups] n, responses in the group
     response_lengths: list[int]  # [samples] in packed order: group by group, responses in the order given
     document_T: Tensor  # [T] int32 group index
     segment_T: Tensor  # [T] int32, 0 on the prompt, j on response j (from 1)
@@ -46,7 +49,8 @@ class PrefixGroupedBatch:
         cu = [0]
         for n in self.group_lengths:
             cu.append(cu[-1] + n)
-        return PrefixGroupedAttention(cu, self.document_T, self.segment_T)
+        layout = PrefixGroupLayout(self.prompt_lengths, self.group_sizes, self.response_lengths)
+        return PrefixGroupedAttention(cu, self.document_T, self.segment_T, layout)
 
     def split_responses(self, values_R: Tensor) -> list[Tensor]:
         return list(values_R.split(self.response_lengths))
@@ -61,6 +65,7 @@ def pack_prefix_groups(
     if not groups:
         raise ValueError("cannot pack an empty micro-batch")
     pieces, segment_lengths, segment_ids, position_starts, group_lengths = [], [], [], [], []
+    prompt_lengths, group_sizes = [], []
     response_lengths, prompt_last = [], []  # per response: its length, its prompt's last packed index
     offset = 0  # packed index of the group's first token
     for g, (prompt, responses) in enumerate(groups):
@@ -83,6 +88,8 @@ def pack_prefix_groups(
             response_lengths.append(len(response))
             prompt_last.append(offset + P - 1)
         group_lengths.append(sum(segment_lengths[-len(responses) - 1 :]))
+        prompt_lengths.append(P)
+        group_sizes.append(len(responses))
         offset += group_lengths[-1]
     lengths_S = np.array(segment_lengths, dtype=np.int64)
     starts_S = np.cumsum(lengths_S) - lengths_S  # packed index of each segment's first token
@@ -104,6 +111,8 @@ def pack_prefix_groups(
         input_ids_T=ids,
         positions_T=positions,
         group_lengths=group_lengths,
+        prompt_lengths=prompt_lengths,
+        group_sizes=group_sizes,
         response_lengths=response_lengths,
         document_T=document.to(torch.int32),
         segment_T=segment.to(torch.int32),
