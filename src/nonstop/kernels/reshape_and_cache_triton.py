@@ -14,6 +14,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from nonstop.kernels.grid import cdiv, next_power_of_2
+
 # Elements of K (and as many of V) per program.
 _TILE_ELEMENTS = 1024
 
@@ -75,10 +77,10 @@ def reshape_and_cache_triton(
     for t in (k_TKE, v_TKE, k_cache_SKE, v_cache_SKE):
         assert t.stride(2) == 1, "the head dim must be contiguous"
     slot_mapping_T = slot_mapping_T.contiguous()
-    BLOCK_K = triton.next_power_of_2(K)
-    BLOCK_E = triton.next_power_of_2(E)
+    BLOCK_K = next_power_of_2(K)
+    BLOCK_E = next_power_of_2(E)
     BLOCK_T = max(1, _TILE_ELEMENTS // (BLOCK_K * BLOCK_E))
-    _reshape_and_cache_kernel[(triton.cdiv(T, BLOCK_T),)](
+    _reshape_and_cache_kernel[(cdiv(T, BLOCK_T),)](
         k_TKE,
         v_TKE,
         k_cache_SKE,

@@ -18,6 +18,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from nonstop.kernels.grid import cdiv, next_power_of_2
+
 # Elements per program: enough rows that a 128-wide head norm is not one tiny program per row.
 _TILE_ELEMENTS = 2048
 
@@ -70,10 +72,10 @@ def _launch(
     add = residual_RD is not None
     residual_RD = residual_RD if add else x_RD  # unread without ADD_RESIDUAL
     residual_out_RD = residual_out_RD if add else out_RD  # unwritten without ADD_RESIDUAL
-    BLOCK_D = triton.next_power_of_2(D)
+    BLOCK_D = next_power_of_2(D)
     BLOCK_R = max(1, _TILE_ELEMENTS // BLOCK_D)
     num_warps = min(16, max(4, BLOCK_R * BLOCK_D // 1024))
-    _rms_norm_kernel[(triton.cdiv(R, BLOCK_R),)](
+    _rms_norm_kernel[(cdiv(R, BLOCK_R),)](
         x_RD,
         residual_RD,
         residual_out_RD,

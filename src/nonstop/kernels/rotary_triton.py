@@ -15,6 +15,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from nonstop.kernels.grid import next_power_of_2
+
 # Elements per head tile: a token's 14-16 heads of a 64- or 128-wide head fit one or two iterations.
 _TILE_ELEMENTS = 2048
 
@@ -124,7 +126,7 @@ def _rotary_qk_kernel(
 
 
 def _heads_per_tile(num_heads: int, block_f: int) -> int:
-    return min(triton.next_power_of_2(num_heads), max(1, _TILE_ELEMENTS // block_f))
+    return min(next_power_of_2(num_heads), max(1, _TILE_ELEMENTS // block_f))
 
 
 def apply_rotary_qk_triton(q_THE: Tensor, k_TKE: Tensor, cos_TE: Tensor, sin_TE: Tensor) -> tuple[Tensor, Tensor]:
@@ -137,7 +139,7 @@ def apply_rotary_qk_triton(q_THE: Tensor, k_TKE: Tensor, cos_TE: Tensor, sin_TE:
     if T == 0:
         return q_out_THE, k_out_TKE
     F = E // 2
-    BLOCK_F = triton.next_power_of_2(F)
+    BLOCK_F = next_power_of_2(F)
     _rotary_qk_kernel[(T,)](
         q_THE,
         k_TKE,

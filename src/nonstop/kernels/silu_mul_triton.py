@@ -17,6 +17,8 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra import libdevice
 
+from nonstop.kernels.grid import cdiv
+
 _BLOCK = 1024
 
 
@@ -56,7 +58,7 @@ def silu_and_mul_triton(gate: Tensor, up: Tensor) -> Tensor:
     out_RI = torch.empty(gate_RI.shape, dtype=torch.promote_types(gate.dtype, up.dtype), device=gate.device)
     if out_RI.numel() == 0:
         return out_RI.view(gate.shape)
-    grid = (out_RI.shape[0], triton.cdiv(num_cols, _BLOCK))
+    grid = (out_RI.shape[0], cdiv(num_cols, _BLOCK))
     _silu_and_mul_kernel[grid](
         gate_RI,
         up_RI,

@@ -95,6 +95,7 @@ class SelfAttention(nn.Module):
             config.head_dim,
         )
         bias = config.attention_bias
+        self.qk_norm = config.qk_norm  # read per layer call: `hasattr(self, "q_norm")` raises and catches inside torch
         self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
@@ -117,7 +118,7 @@ class SelfAttention(nn.Module):
             q_THE = self.q_proj(x_TD).view(T, H, E)
             k_TKE = self.k_proj(x_TD).view(T, K, E)
             v_TKE = self.v_proj(x_TD).view(T, K, E)
-        if hasattr(self, "q_norm"):
+        if self.qk_norm:
             q_THE, k_TKE = self.q_norm(q_THE), self.k_norm(k_TKE)
         rotary_attention = getattr(attention, "rotary_attention", None)
         if rotary_attention is not None:  # the backend rotates (fused with its KV-cache write)

@@ -715,6 +715,8 @@ class ModelRunner:
             cu_seqlens_k=[0],
             cu_seqlens_q_t=None,
             cu_seqlens_k_t=None,
+            max_seqlen_q=0,
+            max_seqlen_k=0,
             context_slots_C=None,
             block_tables_NM=dev["block_tables"][:D] if D else None,
             context_lens_N=dev["context_lens"][:D] if D else None,
@@ -731,6 +733,9 @@ class ModelRunner:
             to_device = self._to_device
             md.num_prefill_tokens = plan.num_prefill_tokens
             md.cu_seqlens_q, md.cu_seqlens_k = plan.cu_seqlens_q, plan.cu_seqlens_k
+            # Once per step, not in every layer's attention call.
+            md.max_seqlen_q = max(map(operator.sub, plan.cu_seqlens_q[1:], plan.cu_seqlens_q))
+            md.max_seqlen_k = max(map(operator.sub, plan.cu_seqlens_k[1:], plan.cu_seqlens_k))
             ids = torch.cat([to_device(plan.prefill_ids), ids])
             positions = torch.cat([to_device(plan.prefill_positions), positions])
             md.slot_mapping_T = torch.cat([to_device(plan.prefill_slots), md.slot_mapping_T])

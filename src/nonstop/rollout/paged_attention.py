@@ -28,7 +28,7 @@ from nonstop.kernels.paged_decode import paged_decode_attention
 from nonstop.kernels.reshape_and_cache import reshape_and_cache
 from nonstop.kernels.rotary import apply_rotary_qk
 from nonstop.kernels.rotary_cache import rotary_and_cache
-from nonstop.models.attention import reference_causal_attention, use_fused_attention, varlen_causal_attention
+from nonstop.models.attention import flash_varlen_causal_attention, reference_causal_attention, use_fused_attention
 
 
 @dataclass
@@ -40,6 +40,8 @@ class AttentionMetadata:
     cu_seqlens_k: list[int]
     cu_seqlens_q_t: Tensor | None  # int32 copies on the device, for FlashAttention
     cu_seqlens_k_t: Tensor | None
+    max_seqlen_q: int  # the longest query chunk and context, for FlashAttention
+    max_seqlen_k: int
     context_slots_C: Tensor | None  # int64 [C]; None when no prefill sequence has a cached prefix
     # Decode segment.
     block_tables_NM: Tensor | None  # int32
@@ -94,9 +96,9 @@ class PagedAttention:
             # Some sequence extends a cached prefix: its keys are its whole context, read back from the cache.
             k_TKE, v_TKE = k_flat[md.context_slots_C], v_flat[md.context_slots_C]
         if use_fused_attention(q_THE):
-            max_q = max(b - a for a, b in zip(md.cu_seqlens_q, md.cu_seqlens_q[1:], strict=False))
-            max_k = max(b - a for a, b in zip(md.cu_seqlens_k, md.cu_seqlens_k[1:], strict=False))
-            return varlen_causal_attention(q_THE, k_TKE, v_TKE, md.cu_seqlens_q_t, md.cu_seqlens_k_t, max_q, max_k)
+            return flash_varlen_causal_attention(
+                q_THE, k_TKE, v_TKE, md.cu_seqlens_q_t, md.cu_seqlens_k_t, md.max_seqlen_q, md.max_seqlen_k
+            )
         return reference_causal_attention(q_THE, k_TKE, v_TKE, md.cu_seqlens_q, md.cu_seqlens_k)
 
     def _decode(self, q_NHE: Tensor, k_cache_PBKE: Tensor, v_cache_PBKE: Tensor) -> Tensor:
