@@ -16,11 +16,11 @@ from nonstop.rollout import LLM, SamplingParams
 BATCH, N, MAX_TOKENS = 2, 3, 12
 
 
-def make(max_staleness: int = 0, params: SamplingParams | None = None, seed: int = 0):
+def make(max_staleness: int = 0, params: SamplingParams | None = None, seed: int = 0, blocks: int = 4, **engine_args):
     from nonstop.trainer.rollouter import Rollouter
 
     model = tiny_model(seed)
-    llm = LLM(model, device="cpu", max_model_len=32, num_kv_blocks=64, seed=0)
+    llm = LLM(model, device="cpu", max_model_len=32, num_kv_blocks=64, seed=0, **engine_args)
     params = params or SamplingParams(n=N, temperature=1.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     done = []
     rollouter = Rollouter(
@@ -28,7 +28,7 @@ def make(max_staleness: int = 0, params: SamplingParams | None = None, seed: int
         FixedPrompts(BATCH, seed).next_batch,
         lambda g, prompt: replace(params, seed=1000 + g),
         batch_size=BATCH,
-        total_groups=4 * BATCH,
+        total_groups=blocks * BATCH,
         max_staleness=max_staleness,
         partial_rollout=True,
         on_group_done=done.append,
@@ -111,6 +111,25 @@ def test_admission_is_the_staleness_bound():
     drive(rollouter)
     assert sorted(rollouter.groups) == [2, 3, 4, 5]
     assert [rollouter.groups[g].admitted_version for g in (4, 5)] == [1, 1]
+
+
+def test_after_a_pause_the_oldest_groups_are_generated_first():
+    """A pause re-queues every aborted request; the block the trainer waits for must come back to the front. Six
+    blocks in flight (groups 0-11, so request ids "g10" and "g2" both exist), one group decoding at a time."""
+    rollouter, llm, done = make(max_staleness=5, blocks=6, max_num_seqs=N)
+    drive(rollouter, engine_steps=3)
+    with rollouter.paused():
+        pass
+    assert rollouter.num_paused == 6 * BATCH * N
+    waiting = [rollouter.requests[seq.request_id] for seq in llm.llm_engine.scheduler.waiting]
+    assert waiting == sorted(waiting)  # (group, [samples]) in admission order
+    # Group 0 had forked: its samples continue one by one. The others had no token yet: each is its n-sample request
+    # again, its prompt to be prefilled once.
+    assert waiting == [(0, [i]) for i in range(N)] + [(g, list(range(N))) for g in range(1, 6 * BATCH)]
+    drive(rollouter)
+    assert [group.index for group in done] == list(range(6 * BATCH))
+    fresh = LLM(copy.deepcopy(llm.model), device="cpu", max_model_len=32, num_kv_blocks=64)
+    assert [g.token_ids for g in done] == reference(fresh, rollouter, done)  # unchanged weights: uninterrupted
 
 
 def test_a_dead_rollout_thread_is_reported_to_the_trainer():

@@ -48,7 +48,7 @@ class Group:
     logprobs: list[list[float]]
     versions: list[list[int]]  # per sample, per token: the policy version that sampled it
     finish_reasons: list[str | None]
-    num_continued: int = 0  # continuation requests issued for this group
+    num_continued: int = 0  # pauses this group was re-queued after (keeps its request ids unique)
     request_ids: set[str] = field(default_factory=set)  # its requests in the engine
 
     @property
@@ -306,10 +306,22 @@ class Rollouter:
         self.num_paused += len(self.to_continue)
 
     def _continue_all(self) -> None:
-        for g, i in self.to_continue:
+        """Re-queue what the pause aborted, oldest group first (the engine queues in arrival order), so the block the
+        trainer waits for is generated ahead of the blocks admitted after it. (The engine returns aborted requests
+        sorted by request-id *string*, where "g10" precedes "g2": continued in that order, later blocks overtook the
+        one the trainer waited for.) A group aborted before any of its samples had a token goes back as its original
+        n-sample request, so its prompt is still prefilled once; the others continue sample by sample."""
+        by_group: dict[int, list[int]] = {}
+        for g, i in sorted(self.to_continue):
+            by_group.setdefault(g, []).append(i)
+        for g, samples in by_group.items():
             group = self.groups[g]
             group.num_continued += 1
+            if len(samples) == group.params.n and not any(group.token_ids[i] for i in samples):
+                self._add(group, samples, f"g{g}-r{group.num_continued}", group.params)
+                continue
             params = replace(group.params, n=1)
-            self._add(group, [i], f"g{g}-s{i}-c{group.num_continued}", params)
+            for i in samples:
+                self._add(group, [i], f"g{g}-s{i}-c{group.num_continued}", params)
         self.num_continued += len(self.to_continue)
         self.to_continue = []
