@@ -6,12 +6,15 @@ micro-batch in an H200 profile. Compared at each token count, on one random GRPO
 over the rule, compiled on CUDA, eager elsewhere) and `layout_block_mask` (tiles from the host layout). Reported: host
 wall time per call, median of `--repeats` after `--warmup`, the labels already on the device and no synchronisation
 inside the timed call (on CUDA the device work runs behind it, as in the update). Both masks are checked equal.
+The layout construction is timed first; the reference's first call (its compile, on CUDA) is reported on its own;
+progress goes to stderr, so a run stopped by a time limit shows the step it was in.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 
 import numpy as np
@@ -49,9 +52,14 @@ def host_ms(build, build_args: tuple, warmup: int, repeats: int) -> float:
     return statistics.median(times) * 1e3
 
 
+def progress(message: str) -> None:
+    """Where the bench is, on stderr as it happens (a call's time limit then shows which step it stopped in)."""
+    print(f"[block-mask] {message}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nonstop bench block-mask", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokens", type=int, nargs="+", default=[16384, 32768], help="tokens per micro-batch")
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1024, 16384, 32768], help="tokens per micro-batch")
     parser.add_argument("--n", type=int, default=8, help="responses per group")
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls first (compilation on CUDA)")
     parser.add_argument("--repeats", type=int, default=20)
@@ -60,25 +68,36 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     payload = {"environment": environment(device), "command": "nonstop bench block-mask", "settings": vars(args)}
     results = []
-    print(f"{'tokens':>7}{'bucket':>8}{'groups':>8}{'create_block_mask ms':>22}{'from layout ms':>16}")
+    head = f"{'tokens':>7}{'bucket':>8}{'groups':>8}{'first call s':>14}"
+    print(f"{head}{'create_block_mask ms':>22}{'from layout ms':>16}")
     for num_tokens in args.tokens:
         groups = random_groups(num_tokens, args.n)
         batch = pack_prefix_groups(groups, device)
         layout = batch.attention().layout
         doc_T, seg_T = batch.document_T, batch.segment_T
-        ref, new = prefix_grouped_block_mask(doc_T, seg_T), layout_block_mask(layout, doc_T, seg_T)
+        # The construction under test first, so a stall in the reference (its compile) still leaves its number.
+        progress(f"{layout.num_tokens} tokens: from the layout")
+        layout_ms = host_ms(layout_block_mask, (layout, doc_T, seg_T), args.warmup, args.repeats)
+        progress(f"{layout.num_tokens} tokens: create_block_mask, first call (compiles on CUDA)")
+        start = time.perf_counter()
+        ref = prefix_grouped_block_mask(doc_T, seg_T)
+        first_s = time.perf_counter() - start
+        new = layout_block_mask(layout, doc_T, seg_T)
         assert all(torch.equal(getattr(ref, name), getattr(new, name)) for name in TENSORS), "the masks differ"
+        progress(f"{layout.num_tokens} tokens: create_block_mask, timed calls")
         row = {
             "tokens": layout.num_tokens,
             "bucket": ref.shape[-1],
             "groups": len(groups),
+            "create_block_mask_first_s": first_s,
             "create_block_mask_ms": host_ms(prefix_grouped_block_mask, (doc_T, seg_T), args.warmup, args.repeats),
-            "layout_ms": host_ms(layout_block_mask, (layout, doc_T, seg_T), args.warmup, args.repeats),
+            "layout_ms": layout_ms,
         }
         results.append(row)
         print(
-            f"{row['tokens']:>7}{row['bucket']:>8}{row['groups']:>8}"
-            f"{row['create_block_mask_ms']:>22.2f}{row['layout_ms']:>16.2f}"
+            f"{row['tokens']:>7}{row['bucket']:>8}{row['groups']:>8}{first_s:>14.2f}"
+            f"{row['create_block_mask_ms']:>22.2f}{row['layout_ms']:>16.2f}",
+            flush=True,
         )
     write_result(args.out or default_result_path("block_mask"), {**payload, "results": results})
     return 0
