@@ -278,3 +278,38 @@ def test_long_tail_under_split_placement_is_the_rollout_gpus_busy_time(tmp_path)
     tail = next(f for f in findings if f.cause == "generation_long_tail")
     assert tail.gpu_s_lost == pytest.approx(8 * 0.5 * 0.875 * 1 * NUM_STEPS)
     assert not [c for c in tail.changes if "placement=split" in c]  # already split
+
+
+def test_colocated_async_wait_is_the_trainer_waiting_for_the_rollouter(tmp_path):
+    # async on one GPU: timing_s/gen (6 s) is the trainer's wait for a block, the GPU 30% busy meanwhile (decode
+    # alone): 6 x 0.7 x 5 steps = 21 GPU-s, counted once (not also as generation's host gaps).
+    config = {"trainer.mode": "async", "async_training.max_staleness": 1}
+    metrics = {"perf/gpu_util/gen": 30.0, "trainer/idle_ratio": 0.6, "rollouter/idle_ratio": 0.05}
+    findings = {f.cause: f for f in diagnose(load_run(write_run(tmp_path, config, metrics))).findings}
+    wait = findings["overlap_wait"]
+    assert wait.status == "found" and wait.gpu_s_lost == pytest.approx(6.0 * 0.7 * NUM_STEPS)
+    assert findings["generation_host_gaps"].status == "clear"
+    assert [c.split()[0] for c in wait.changes] == [
+        "actor_rollout_ref.rollout.max_num_seqs=512",
+        "async_training.rollout_stream_priority=high",
+    ]
+    assert not any("trainer.mode=async" in c for c in wait.changes)  # already async
+    # A rollouter idle half the time was held back by the bound: one more version of staleness.
+    held = {**metrics, "rollouter/idle_ratio": 0.5}
+    wait = next(f for f in ranked(write_run(tmp_path / "held", config, held)) if f.cause == "overlap_wait")
+    assert [c.split()[0] for c in wait.changes] == ["async_training.max_staleness=2"]
+
+
+def test_colocated_one_step_off_waits_in_the_publish_not_in_a_slow_copy(tmp_path):
+    # one_step_off publishes after the in-flight block finishes: its 2 s of timing_s/update_weights is the wait
+    # (GPU 60% busy on the block's tail meanwhile): 2 x 0.4 x 5 = 4 GPU-s, and not reported as a slow weight copy.
+    metrics = {"timing_s/update_weights": 2.0, "perf/gpu_util/update_weights": 60.0, "rollouter/idle_ratio": 0.0}
+    findings = {
+        f.cause: f for f in diagnose(load_run(write_run(tmp_path, {"trainer.mode": "one_step_off"}, metrics))).findings
+    }
+    wait = findings["overlap_wait"]
+    assert wait.gpu_s_lost == pytest.approx(2.0 * 0.4 * NUM_STEPS)
+    assert wait.changes[0].startswith("trainer.mode=async")
+    assert findings["weight_sync"].status == "clear"
+    sync = {f.cause: f for f in diagnose(load_run(write_run(tmp_path / "sync", metrics=metrics))).findings}
+    assert sync["overlap_wait"].status == "clear" and sync["weight_sync"].gpu_s_lost == pytest.approx(2.0 * NUM_STEPS)

@@ -3,6 +3,7 @@ between the engine's kernels."""
 
 from __future__ import annotations
 
+from nonstop.profiling.doctor.causes_overlap import colocated_overlap
 from nonstop.profiling.doctor.causes_placement import ROLLOUTER_IDLE, colocated_split_change
 from nonstop.profiling.doctor.finding import CLEAR, FOUND, NO_DATA, Finding, pct, phase_efficiency
 from nonstop.profiling.doctor.run_data import RunData
@@ -124,6 +125,11 @@ def kv_cache_too_small(run: RunData) -> Finding:
 
 def generation_host_gaps(run: RunData) -> Finding:
     f = Finding("generation_host_gaps", "host-side gaps between generation kernels", NO_DATA)
+    if colocated_overlap(run):
+        # `timing_s/gen` is the trainer's wait there, and generation overlaps the rest of the step.
+        f.status = CLEAR
+        f.evidence.append(f"trainer.mode={run.cfg('trainer.mode')}: generation's idle share is in overlap_wait")
+        return f
     measured = phase_efficiency(run, "gen")
     if measured is None or not run.has(GEN):
         f.missing = [m for m in (GEN, "perf/gpu_util/gen") if not run.has(m)] + ["profile/summary.json"]
@@ -151,5 +157,6 @@ def generation_host_gaps(run: RunData) -> Finding:
     f.changes.append(
         f"larger decode batches amortize host work: actor_rollout_ref.rollout.max_num_seqs={2 * seqs}, "
         "a larger data.train_batch_size, or trainer.mode=async"
+        + ("" if run.cfg("trainer.mode", "sync") == "sync" else " (split placement: more sequences per rollout GPU)")
     )
     return f

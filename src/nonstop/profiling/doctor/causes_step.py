@@ -3,6 +3,7 @@ validation. Each is time the accelerator sits idle while the host works, so its 
 
 from __future__ import annotations
 
+from nonstop.profiling.doctor.causes_overlap import colocated_overlap, wait_phase
 from nonstop.profiling.doctor.finding import CLEAR, FOUND, NO_DATA, Finding, pct
 from nonstop.profiling.doctor.run_data import RunData
 from nonstop.profiling.phases import timing_key
@@ -67,6 +68,11 @@ def _phase_cost(
 
 
 def weight_sync(run: RunData) -> Finding:
+    if colocated_overlap(run) and wait_phase(run) == "update_weights":
+        # one_step_off's publish first waits for the in-flight block: that wait is overlap_wait's, not a copy.
+        f = Finding("weight_sync", "weight sync to the rollout engine", CLEAR)
+        f.evidence.append("trainer.mode=one_step_off: timing_s/update_weights is mostly the wait in overlap_wait")
+        return f
     return _phase_cost(
         run,
         "weight_sync",

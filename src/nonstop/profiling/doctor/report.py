@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nonstop.profiling.doctor import causes_placement, causes_rollout, causes_step, causes_training
+from nonstop.profiling.doctor import causes_overlap, causes_placement, causes_rollout, causes_step, causes_training
 from nonstop.profiling.doctor.finding import FOUND, NO_DATA, Finding
 from nonstop.profiling.doctor.run_data import RunData
 
@@ -19,6 +19,7 @@ CAUSES = (
     causes_training.old_log_prob_pass,
     causes_training.reference_pass,
     causes_rollout.generation_host_gaps,
+    causes_overlap.overlap_wait,
     causes_step.weight_sync,
     causes_step.checkpoint,
     causes_step.validation,

@@ -1,0 +1,85 @@
+"""The overlap modes on shared GPUs (`trainer.mode=one_step_off|async`, colocated): the trainer waiting for the
+rollouter.
+
+There the step's phases mean something else than in `sync`: generation runs all the time on its own stream, and the
+trainer's `timing_s/gen` is its wait for the next block (async); one_step_off waits inside `timing_s/update_weights`
+instead, where publishing first lets the in-flight block finish on the old weights (the copy itself takes
+milliseconds). While the trainer waits only decode runs, so the GPU time lost is the wait times the share of it the
+GPU was idle: `perf/gpu_util/<phase>` (NVML) or the kernel trace of a profiled step. Which change helps depends on
+whether the rollouter was busy (generation is the slower side: more decode work per step, decode ahead of the
+update) or itself waiting (`rollouter/idle_ratio`: the staleness bound held its admission back).
+"""
+
+from __future__ import annotations
+
+from nonstop.profiling.doctor.finding import CLEAR, FOUND, NO_DATA, Finding, pct, phase_efficiency
+from nonstop.profiling.doctor.run_data import RunData
+from nonstop.profiling.phases import timing_key
+
+OVERLAP_MODES = ("one_step_off", "async")
+TRAINER_IDLE, ROLLOUTER_IDLE = "trainer/idle_ratio", "rollouter/idle_ratio"
+# A rollouter idle more than this share of the time was held back by the staleness bound, not short of speed.
+ROLLOUTER_HELD_BACK = 0.2
+
+
+def colocated_overlap(run: RunData) -> bool:
+    """An overlap mode with generation and training on the same GPUs: the phases `overlap_wait` accounts for."""
+    return run.cfg("trainer.mode", "sync") in OVERLAP_MODES and run.cfg("trainer.placement", "colocate") != "split"
+
+
+def wait_phase(run: RunData) -> str:
+    """The phase the trainer waits for the rollouter in: the block hand-off (async) or the publish (one_step_off)."""
+    return "update_weights" if run.cfg("trainer.mode") == "one_step_off" else "gen"
+
+
+def overlap_wait(run: RunData) -> Finding:
+    f = Finding("overlap_wait", "trainer waiting for the rollouter on the same GPU(s)", CLEAR)
+    mode = run.cfg("trainer.mode", "sync")
+    if not colocated_overlap(run):
+        f.evidence.append(f"trainer.mode={mode}, placement {run.cfg('trainer.placement', 'colocate')}: not this case")
+        return f
+    phase = wait_phase(run)
+    key = timing_key(phase)
+    measured = phase_efficiency(run, phase)
+    if measured is None or not run.has(key):
+        f.status = NO_DATA
+        f.missing = [m for m in (key, f"perf/gpu_util/{phase}") if not run.has(m)]
+        return f
+    busy, source = measured
+    wait = run.total(key)
+    f.gpu_s_lost = wait * (1 - busy) * run.num_gpus
+    f.status = FOUND if f.gpu_s_lost > 0 else CLEAR
+    f.evidence.append(
+        f"{key}: the trainer waited {wait / len(run.steps):.2f} s/step for the rollouter "
+        f"({pct(wait / max(run.step_seconds, 1e-9))} of step time); GPU busy {pct(busy)} meanwhile ({source}), "
+        "only generation running"
+    )
+    rollouter_idle = run.mean(ROLLOUTER_IDLE)
+    if rollouter_idle is not None:
+        f.evidence.append(f"{ROLLOUTER_IDLE} {pct(rollouter_idle)}")
+    if rollouter_idle is not None and rollouter_idle > ROLLOUTER_HELD_BACK:
+        # The rollouter had nothing it was allowed to start: more blocks in flight.
+        if mode == "async":
+            staleness = int(run.cfg("async_training.max_staleness", 1))
+            f.changes.append(
+                f"async_training.max_staleness={staleness + 1}  (the rollouter waited for admission: the bound "
+                "held it back)"
+            )
+        else:
+            f.changes.append("trainer.mode=async async_training.max_staleness=2  (more blocks in flight)")
+        return f
+    # The rollouter was busy and still slower than the trainer: generation is the slower side of the shared GPU.
+    if mode == "one_step_off":
+        f.changes.append(
+            "trainer.mode=async  (partial rollout: publishing does not wait for the block's tail to finish)"
+        )
+    seqs = int(run.cfg("actor_rollout_ref.rollout.max_num_seqs", 256))
+    f.changes.append(
+        f"actor_rollout_ref.rollout.max_num_seqs={2 * seqs}  (more sequences per decode step: more tokens per second "
+        "from the SMs the update leaves)"
+    )
+    if run.cfg("async_training.rollout_stream_priority", "normal") != "high":
+        f.changes.append("async_training.rollout_stream_priority=high  (decode dispatched ahead of the update)")
+    if run.num_gpus >= 2:
+        f.changes.append("trainer.placement=split  (generation on GPUs of its own: docs/multi-gpu.md)")
+    return f
