@@ -20,12 +20,17 @@ from trainer_helpers import make_trainer  # noqa: E402
 
 from nonstop.cli import main  # noqa: E402
 from nonstop.dist.fsdp import full_named_parameters, full_value  # noqa: E402
+from nonstop.profiling.doctor import load_run  # noqa: E402
 
 OVERRIDES = ("data.train_batch_size=4", "actor_rollout_ref.rollout.n=4", "trainer.save_freq=2")
 
 
+PROFILE_STEP_2 = ("global_profiler.tool=torch", "global_profiler.steps=[2]")
+
+
 def two_rank_worker(rank: int, run_dir: str) -> None:
-    trainer = make_trainer(Path(run_dir), (*OVERRIDES, "trainer.total_training_steps=2"), engine_copy=True, shard=True)
+    overrides = (*OVERRIDES, "trainer.total_training_steps=2", *PROFILE_STEP_2)
+    trainer = make_trainer(Path(run_dir), overrides, engine_copy=True, shard=True)
     try:
         history = trainer.fit()
         params = {n: t.clone() for n, t in full_named_parameters(trainer.model)}
@@ -46,6 +51,11 @@ def test_two_rank_run_checkpoints_and_resumes_on_one_rank(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and rows[1]["actor/sync_logprob_diff"] < 1e-5  # fp32 engine: exact weights after sync
     assert not (tmp_path / "rank_1" / "config.yaml").exists() and (tmp_path / "rank_1" / "metrics.jsonl").exists()
+    # Both ranks profiled step 2, each into its own directory (a shared one had them race on the raw trace file).
+    assert (tmp_path / "profile" / "step_2.trace.json.gz").is_file()
+    assert (tmp_path / "profile" / "rank_1" / "step_2.trace.json.gz").is_file()
+    # trainer.n_gpus_per_node unset: the doctor counts the launched ranks the run recorded.
+    assert rows[1]["perf/num_gpus"] == 2.0 and load_run(tmp_path).num_gpus == 2
     step_dir = tmp_path / "checkpoints" / "global_step_2"
     assert (step_dir / "dcp").is_dir() and not list((step_dir / "actor").glob("*.safetensors"))  # config only
 

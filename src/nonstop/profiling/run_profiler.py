@@ -53,14 +53,17 @@ class RunProfiler:
         self.num_steps = 0
 
     @classmethod
-    def from_config(cls, config, run_dir: Path, device: torch.device | None) -> RunProfiler:
-        """From a `GlobalProfilerConfig` (its `save_path` already interpolated)."""
+    def from_config(cls, config, run_dir: Path, device: torch.device | None, rank: int = 0) -> RunProfiler:
+        """From a `GlobalProfilerConfig` (its `save_path` already interpolated). Rank r > 0 writes under
+        `save_path/rank_<r>`: every rank profiles the same steps, and one shared directory had them overwrite each
+        other's timeline and summary and race on the raw trace file."""
+        save_path = Path(config.save_path)
         return cls(
             run_dir,
             device,
             tool=config.tool,
             steps=config.steps,
-            profile_dir=Path(config.save_path),
+            profile_dir=save_path if rank == 0 else save_path / f"rank_{rank}",
             continuous=config.profile_continuous_steps,
             sampler=NvmlSampler.for_device(device),
         )

@@ -161,7 +161,7 @@ class SyncTrainer:
         rank_dir = self.run_dir if self.rank_zero else self.run_dir / f"rank_{self.dist.rank}"
         self.log = MetricsLog(rank_dir, console=console and self.rank_zero)
         self.device = device
-        self.profiler = RunProfiler.from_config(config.global_profiler, rank_dir, device)
+        self.profiler = RunProfiler.from_config(config.global_profiler, rank_dir, device, self.dist.rank)
         self.num_params = sum(p.numel() for p in model.parameters())
         self.nonfinite_streak = 0
         self.heap_frozen = False
@@ -306,6 +306,7 @@ class SyncTrainer:
         metrics.update(self.reward_pool.pop_metrics())
         metrics.update(extra)
         metrics["perf/total_num_tokens"] = float(tokens)
+        metrics["perf/num_gpus"] = float(self.dist.world_size)  # the launched ranks, whatever the config says
         flops = {
             "prompt_tokens": sum(len(s.prompt_token_ids) for s in batch.samples),
             "response_tokens": sum(batch.response_lengths),

@@ -48,7 +48,13 @@ class RunData:
 
     @property
     def num_gpus(self) -> int:
-        return int(self.cfg("trainer.nnodes", 1)) * int(self.cfg("trainer.n_gpus_per_node", 1))
+        """`trainer.n_gpus_per_node` x `trainer.nnodes`; left unset under torchrun, the ranks the run recorded
+        (`perf/num_gpus`), else 1."""
+        per_node = self.cfg("trainer.n_gpus_per_node")
+        if per_node is not None:
+            return int(self.cfg("trainer.nnodes", 1)) * int(per_node)
+        recorded = [row["perf/num_gpus"] for row in self.steps if row.get("perf/num_gpus") is not None]
+        return int(max(recorded)) if recorded else 1
 
     @property
     def step_seconds(self) -> float:
