@@ -3,6 +3,9 @@ report, nonstop's side end to end, and TRL's side when TRL is installed."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from nonstop.bench import trainer_step
@@ -11,6 +14,9 @@ from nonstop.config import load_config
 from nonstop.data import train_dataloader
 from nonstop.models.tokenizer import load_tokenizer
 from nonstop.rewards.custom import load_custom_reward_fn
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "dist"))
+from dist_helpers import spawn  # noqa: E402
 
 TINY = tiny_config(vocab_size=128, tie_word_embeddings=True, attention_bias=True)
 TINY_ARGS = ["--prompts", "2", "--n", "2", "--prompt-len", "5", "--response-len", "6", "--warmup", "1", "--steps", "1"]
@@ -152,3 +158,24 @@ def test_samples_per_prompt_passes_through_torchrun_where_n_cannot(bench):
     parse = trainer_step.parse_args if bench == "trainer" else modes.parse_args
     assert parse(script_args).n == 8
     assert parse([*script_args[:-2], "--n", "4"]).n == 4  # outside torchrun --n still works
+
+
+def _write_inputs_on_rank(rank: int, work: str, shared: bool, calls: str) -> None:
+    """Counts this rank's model writes (the other inputs follow the same branch)."""
+    written = []
+    real = trainer_step.write_model_dir
+    trainer_step.write_model_dir = lambda *a, **k: written.append(rank) or real(*a, **k)
+    args = trainer_step.parser().parse_args([*TINY_ARGS, *(["--work-dir", work] if shared else [])])
+    own = Path(work) if shared else Path(work) / f"rank{rank}"
+    trainer_step.write_inputs(TINY, args, own)
+    assert (own / "model" / "config.json").is_file() and (own / "prompts.jsonl").is_file()  # after the barrier
+    (Path(calls) / f"rank{rank}").write_text(str(len(written)))
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_ranks_sharing_a_work_dir_write_the_inputs_once(tmp_path, shared):
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    spawn(_write_inputs_on_rank, 2, str(tmp_path / "work"), shared, str(calls))
+    counts = [int((calls / f"rank{r}").read_text()) for r in range(2)]
+    assert counts == ([1, 0] if shared else [1, 1])

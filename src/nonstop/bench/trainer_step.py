@@ -368,14 +368,26 @@ def problems(result: dict[str, Any], response_len: int) -> list[str]:
     return found
 
 
+def write_inputs(model_config: ModelConfig, args: argparse.Namespace, work: Path) -> None:
+    """The model, tokenizer, prompts and reward function both sides read. Under torchrun with `--work-dir` every
+    rank of a node sees the same directory: its local rank 0 writes while the others wait (each rank rewriting the
+    same files raced readers against writers). Without it each rank has a temporary directory and its own copy."""
+    from nonstop.dist import barrier, current, init_process_group
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    init_process_group(device.type, timeout_s=1800)  # under torchrun: join now, for the barrier
+    if args.work_dir is None or current().local_rank == 0:
+        write_model_dir(model_config, work / "model", device)
+        write_tokenizer_dir(model_config.vocab_size, work / "tokenizer")
+        write_prompts(work / "prompts.jsonl", prompt_texts(args.prompts, args.prompt_len, model_config.vocab_size))
+        write_reward_fn(work / "reward.py")
+    barrier()
+
+
 def run(model_config: ModelConfig, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Write the shared inputs into `work` and run each side in `args.sides`. A side that raises is recorded with its
     error (traceback printed) and the next still runs: one GPU session then yields whatever can be measured."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    write_model_dir(model_config, work / "model", device)
-    write_tokenizer_dir(model_config.vocab_size, work / "tokenizer")
-    write_prompts(work / "prompts.jsonl", prompt_texts(args.prompts, args.prompt_len, model_config.vocab_size))
-    write_reward_fn(work / "reward.py")
+    write_inputs(model_config, args, work)
     result: dict[str, Any] = {}
     for name in args.sides:
         try:
