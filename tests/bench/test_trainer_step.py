@@ -179,3 +179,36 @@ def test_ranks_sharing_a_work_dir_write_the_inputs_once(tmp_path, shared):
     spawn(_write_inputs_on_rank, 2, str(tmp_path / "work"), shared, str(calls))
     counts = [int((calls / f"rank{r}").read_text()) for r in range(2)]
     assert counts == ([1, 0] if shared else [1, 1])
+
+
+def _failing_writer_on_rank(rank: int, work: str, outcome: str) -> None:
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    if rank == 0:
+        trainer_step.write_model_dir = broken
+    args = trainer_step.parser().parse_args([*TINY_ARGS, "--work-dir", work])
+    try:
+        trainer_step.write_inputs(TINY, args, Path(work))
+        message = "no error"
+    except Exception as e:
+        message = f"{type(e).__name__}: {e}"
+    (Path(outcome) / f"rank{rank}").write_text(message)
+
+
+def test_a_rank_failing_to_write_the_inputs_fails_every_rank_at_once(tmp_path):
+    outcome = tmp_path / "outcome"
+    outcome.mkdir()
+    spawn(_failing_writer_on_rank, 2, str(tmp_path / "work"), str(outcome))
+    assert (outcome / "rank0").read_text() == "OSError: disk full"
+    assert "another rank failed to write" in (outcome / "rank1").read_text()
+
+
+def test_the_ranks_join_with_the_configured_collective_timeout(tmp_path, monkeypatch):
+    import nonstop.dist
+
+    seen = []
+    monkeypatch.setattr(nonstop.dist, "init_process_group", lambda device_type, timeout_s: seen.append(timeout_s))
+    args = trainer_step.parser().parse_args([*TINY_ARGS, "--override", "actor_rollout_ref.nccl_timeout=77"])
+    trainer_step.write_inputs(TINY, args, tmp_path)
+    assert seen == [77]

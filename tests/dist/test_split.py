@@ -161,6 +161,7 @@ def test_two_trainer_ranks_shard_the_actor_and_one_rollout_rank_feeds_both(tmp_p
     assert len(trained) == 3 and all(len(samples) == 16 for samples in trained)  # half of 4 prompts x 8 samples
     for m in history:
         assert m["actor/sync_logprob_diff"] < 1e-5 and torch.isfinite(torch.tensor(m["actor/pg_loss"]))
+        assert m["perf/num_gpus"] == 3  # every rank of the run, the rollout one too (the doctor's GPU count)
     engine, trainer = load_file(tmp_path / "engine.safetensors"), load_file(tmp_path / "trainer.safetensors")
     for name, param in trainer.items():
         torch.testing.assert_close(engine[name], param, rtol=0, atol=0, msg=name)

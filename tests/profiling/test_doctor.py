@@ -313,3 +313,38 @@ def test_colocated_one_step_off_waits_in_the_publish_not_in_a_slow_copy(tmp_path
     assert findings["weight_sync"].status == "clear"
     sync = {f.cause: f for f in diagnose(load_run(write_run(tmp_path / "sync", metrics=metrics))).findings}
     assert sync["overlap_wait"].status == "clear" and sync["weight_sync"].gpu_s_lost == pytest.approx(2.0 * NUM_STEPS)
+
+
+def test_async_without_partial_rollout_waits_in_the_publish(tmp_path):
+    # partial_rollout=false drains the in-flight block before each publish, as one_step_off does.
+    config = {"trainer.mode": "async", "async_training.partial_rollout": False}
+    metrics = {"timing_s/update_weights": 3.0, "perf/gpu_util/update_weights": 50.0, "rollouter/idle_ratio": 0.0}
+    findings = {f.cause: f for f in diagnose(load_run(write_run(tmp_path, config, metrics))).findings}
+    assert findings["overlap_wait"].gpu_s_lost == pytest.approx(3.0 * 0.5 * NUM_STEPS)
+    assert findings["weight_sync"].status == "clear"
+
+
+def test_colocated_overlap_counts_the_tail_and_a_short_kv_cache_once(tmp_path):
+    # The tail and KV shortage slow the rollouter: in a colocated overlap mode their cost is the trainer's wait
+    # (6 s at 30% busy: 6 x 0.7 x 5 = 21 GPU-s), not added again on top of it; the KV change stays.
+    config = {"trainer.mode": "async"}
+    metrics = {"perf/gpu_util/gen": 30.0, "rollouter/idle_ratio": 0.0, "rollout/tail_frac": 0.5}
+    metrics.update({"rollout/kv_blocked_frac": 0.6, "rollout/num_preemptions": 10.0})
+    report = diagnose(load_run(write_run(tmp_path, config, metrics)))
+    by_cause = {f.cause: f for f in report.findings}
+    assert by_cause["generation_long_tail"].status == "clear" and by_cause["kv_cache_too_small"].status == "clear"
+    wait = by_cause["overlap_wait"]
+    assert wait.gpu_s_lost == pytest.approx(6.0 * 0.7 * NUM_STEPS)
+    assert any(c.startswith("actor_rollout_ref.rollout.gpu_memory_utilization=0.7") for c in wait.changes)
+    lost = sum(f.gpu_s_lost for f in report.ranked() if f.cause not in ("weight_sync", "reward_on_critical_path"))
+    assert lost == pytest.approx(wait.gpu_s_lost)
+
+
+def test_a_busy_gpu_while_the_trainer_waits_is_no_cause(tmp_path):
+    metrics = {"perf/gpu_util/gen": 100.0, "rollouter/idle_ratio": 0.0}
+    wait = next(
+        f
+        for f in diagnose(load_run(write_run(tmp_path, {"trainer.mode": "async"}, metrics))).findings
+        if f.cause == "overlap_wait"
+    )
+    assert wait.status == "clear" and wait.gpu_s_lost == 0.0 and wait.changes == []

@@ -369,19 +369,31 @@ def problems(result: dict[str, Any], response_len: int) -> list[str]:
 
 
 def write_inputs(model_config: ModelConfig, args: argparse.Namespace, work: Path) -> None:
-    """The model, tokenizer, prompts and reward function both sides read. Under torchrun with `--work-dir` every
-    rank of a node sees the same directory: its local rank 0 writes while the others wait (each rank rewriting the
-    same files raced readers against writers). Without it each rank has a temporary directory and its own copy."""
-    from nonstop.dist import barrier, current, init_process_group
+    """The model, tokenizer, prompts and reward function both sides read. Under torchrun with `--work-dir` the ranks
+    of a node share the directory: its local rank 0 writes while the others wait (each rank rewriting the same files
+    raced readers against writers). Without it each rank has a temporary directory and its own copy."""
+    from nonstop.config import load_config
+    from nonstop.dist import current, init_process_group
+    from nonstop.dist.collectives import all_reduce_max
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    init_process_group(device.type, timeout_s=1800)  # under torchrun: join now, for the barrier
+    # Join the ranks now, with the collective timeout the run's config sets (the trainer's own join is then a no-op).
+    timeout_s = load_config(None, nonstop_overrides(work, args)).actor_rollout_ref.nccl_timeout
+    init_process_group(device.type, timeout_s=timeout_s)
+    error = None
     if args.work_dir is None or current().local_rank == 0:
-        write_model_dir(model_config, work / "model", device)
-        write_tokenizer_dir(model_config.vocab_size, work / "tokenizer")
-        write_prompts(work / "prompts.jsonl", prompt_texts(args.prompts, args.prompt_len, model_config.vocab_size))
-        write_reward_fn(work / "reward.py")
-    barrier()
+        try:
+            write_model_dir(model_config, work / "model", device)
+            write_tokenizer_dir(model_config.vocab_size, work / "tokenizer")
+            write_prompts(work / "prompts.jsonl", prompt_texts(args.prompts, args.prompt_len, model_config.vocab_size))
+            write_reward_fn(work / "reward.py")
+        except Exception as e:
+            error = e
+    # Every rank learns whether a writer failed, where a plain barrier would leave the others waiting out the timeout.
+    if all_reduce_max(int(error is not None), device) and error is None:
+        raise RuntimeError("another rank failed to write the benchmark inputs (its error is in its output)")
+    if error is not None:
+        raise error
 
 
 def run(model_config: ModelConfig, args: argparse.Namespace, work: Path) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from nonstop.dist.process_group import (
     init_process_group,
     is_rank_zero,
     launched_by_torchrun,
+    launched_world_size,
 )
 
 __all__ = [
@@ -19,4 +20,5 @@ __all__ = [
     "init_process_group",
     "is_rank_zero",
     "launched_by_torchrun",
+    "launched_world_size",
 ]

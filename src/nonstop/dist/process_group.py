@@ -81,6 +81,11 @@ def current() -> DistInfo:
     return DistInfo(dist.get_rank(group), dist.get_world_size(group), local_rank, group)
 
 
+def launched_world_size() -> int:
+    """Every rank of the run (the world group), whatever group this rank trains with."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
 def is_rank_zero() -> bool:
     return current().rank == 0
 

@@ -8,9 +8,10 @@ finished sample ever has to be dropped for being too old. With max_staleness=0 a
 weights that will train it are in the engine: the sync loop, step for step.
 
 The engine belongs to this thread except while the trainer holds `paused()`: the thread parks, in-flight requests
-are aborted (the engine returns their partial tokens and log-probs) and, when the pause ends, continued as n=1
-requests with the same seed and sample index: with unchanged weights exactly the tokens the uninterrupted run would
-have drawn, after a weight update the rest of the sequence from the new weights (partial rollout). Every token
+are aborted (the engine returns their partial tokens and log-probs) and, when the pause ends, re-queued oldest
+group first: as n=1 continuations with the same seed and sample index (a group with no token yet as its original
+n-sample request): with unchanged weights exactly the tokens the uninterrupted run would have drawn, after a weight
+update the rest of the sequence from the new weights (partial rollout). Every token
 records the version that sampled it. `publish` is the weight update: with `partial_rollout=False` it first stops
 admitting and waits for the in-flight requests to finish on the old weights (verl's one-step-off behaviour).
 

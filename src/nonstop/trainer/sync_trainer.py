@@ -35,7 +35,7 @@ from torch import Tensor
 from nonstop.algos import compute_advantage, masked_whiten, outcome_token_rewards
 from nonstop.config import NonstopConfig, config_to_yaml
 from nonstop.data import TokenizedPrompt
-from nonstop.dist import current
+from nonstop.dist import current, launched_world_size
 from nonstop.dist.collectives import all_gather_objects, reduce_metrics, sum_over_ranks
 from nonstop.dist.data_parallel import balance_batch, rank_share
 from nonstop.dist.fsdp import full_named_parameters, is_sharded
@@ -306,7 +306,7 @@ class SyncTrainer:
         metrics.update(self.reward_pool.pop_metrics())
         metrics.update(extra)
         metrics["perf/total_num_tokens"] = float(tokens)
-        metrics["perf/num_gpus"] = float(self.dist.world_size)  # the launched ranks, whatever the config says
+        metrics["perf/num_gpus"] = float(launched_world_size())  # all ranks (split: rollout ones too)
         flops = {
             "prompt_tokens": sum(len(s.prompt_token_ids) for s in batch.samples),
             "response_tokens": sum(batch.response_lengths),

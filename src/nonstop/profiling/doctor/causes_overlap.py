@@ -3,11 +3,13 @@ rollouter.
 
 There the step's phases mean something else than in `sync`: generation runs all the time on its own stream, and the
 trainer's `timing_s/gen` is its wait for the next block (async); one_step_off waits inside `timing_s/update_weights`
-instead, where publishing first lets the in-flight block finish on the old weights (the copy itself takes
-milliseconds). While the trainer waits only decode runs, so the GPU time lost is the wait times the share of it the
-GPU was idle: `perf/gpu_util/<phase>` (NVML) or the kernel trace of a profiled step. Which change helps depends on
-whether the rollouter was busy (generation is the slower side: more decode work per step, decode ahead of the
-update) or itself waiting (`rollouter/idle_ratio`: the staleness bound held its admission back).
+instead (as async does with `partial_rollout=false`), where publishing first lets the in-flight block finish on the
+old weights (the copy itself takes milliseconds). While the trainer waits only decode runs, so the GPU time lost is
+the wait times the share of it the GPU was idle: `perf/gpu_util/<phase>` (NVML) or the kernel trace of a profiled
+step. The long tail and a short KV cache slow the rollouter, so in these modes their cost is part of the wait and
+their own findings stand aside. Which change helps depends on whether the rollouter was busy (generation is the
+slower side: more decode work per step, decode ahead of the update) or itself waiting (`rollouter/idle_ratio`: the
+staleness bound held its admission back).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from nonstop.profiling.doctor.run_data import RunData
 from nonstop.profiling.phases import timing_key
 
 OVERLAP_MODES = ("one_step_off", "async")
-TRAINER_IDLE, ROLLOUTER_IDLE = "trainer/idle_ratio", "rollouter/idle_ratio"
+ROLLOUTER_IDLE = "rollouter/idle_ratio"
+KV_BLOCKED, PREEMPTIONS = "rollout/kv_blocked_frac", "rollout/num_preemptions"
 # A rollouter idle more than this share of the time was held back by the staleness bound, not short of speed.
 ROLLOUTER_HELD_BACK = 0.2
 
@@ -27,9 +30,20 @@ def colocated_overlap(run: RunData) -> bool:
     return run.cfg("trainer.mode", "sync") in OVERLAP_MODES and run.cfg("trainer.placement", "colocate") != "split"
 
 
+def overlap_accounts(run: RunData) -> bool:
+    """Whether `overlap_wait` measures this run (a colocated overlap mode with its wait phase's time and GPU busy
+    share recorded): then the causes that only slow the rollouter stand aside for it."""
+    if not colocated_overlap(run):
+        return False
+    phase = wait_phase(run)
+    return run.has(timing_key(phase)) and phase_efficiency(run, phase) is not None
+
+
 def wait_phase(run: RunData) -> str:
-    """The phase the trainer waits for the rollouter in: the block hand-off (async) or the publish (one_step_off)."""
-    return "update_weights" if run.cfg("trainer.mode") == "one_step_off" else "gen"
+    """The phase the trainer waits for the rollouter in: the publish when it drains the in-flight block first
+    (one_step_off, or async with `partial_rollout=false`), else the block hand-off."""
+    drains = run.cfg("trainer.mode") == "one_step_off" or run.cfg("async_training.partial_rollout", True) is False
+    return "update_weights" if drains else "gen"
 
 
 def overlap_wait(run: RunData) -> Finding:
@@ -48,7 +62,9 @@ def overlap_wait(run: RunData) -> Finding:
     busy, source = measured
     wait = run.total(key)
     f.gpu_s_lost = wait * (1 - busy) * run.num_gpus
-    f.status = FOUND if f.gpu_s_lost > 0 else CLEAR
+    if f.gpu_s_lost <= 0:
+        return f
+    f.status = FOUND
     f.evidence.append(
         f"{key}: the trainer waited {wait / len(run.steps):.2f} s/step for the rollouter "
         f"({pct(wait / max(run.step_seconds, 1e-9))} of step time); GPU busy {pct(busy)} meanwhile ({source}), "
@@ -57,6 +73,19 @@ def overlap_wait(run: RunData) -> Finding:
     rollouter_idle = run.mean(ROLLOUTER_IDLE)
     if rollouter_idle is not None:
         f.evidence.append(f"{ROLLOUTER_IDLE} {pct(rollouter_idle)}")
+    # The long tail and a short KV cache slow the rollouter, so here their cost is part of this wait (their own
+    # findings stand aside in these modes); a KV shortage keeps its own change.
+    blocked, preempted = run.mean(KV_BLOCKED) or 0.0, run.total(PREEMPTIONS)
+    if blocked > 0 or preempted > 0:
+        f.evidence.append(
+            f"{KV_BLOCKED} {pct(blocked)} of the rollouter's steps, "
+            f"{preempted / len(run.steps):.0f} preemptions per step"
+        )
+        memory = float(run.cfg("actor_rollout_ref.rollout.gpu_memory_utilization", 0.5))
+        f.changes.append(
+            f"actor_rollout_ref.rollout.gpu_memory_utilization={min(0.9, memory + 0.2):g}  (the rollouter ran short "
+            "of KV blocks)"
+        )
     if rollouter_idle is not None and rollouter_idle > ROLLOUTER_HELD_BACK:
         # The rollouter had nothing it was allowed to start: more blocks in flight.
         if mode == "async":

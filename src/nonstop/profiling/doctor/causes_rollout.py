@@ -3,7 +3,7 @@ between the engine's kernels."""
 
 from __future__ import annotations
 
-from nonstop.profiling.doctor.causes_overlap import colocated_overlap
+from nonstop.profiling.doctor.causes_overlap import colocated_overlap, overlap_accounts
 from nonstop.profiling.doctor.causes_placement import ROLLOUTER_IDLE, colocated_split_change
 from nonstop.profiling.doctor.finding import CLEAR, FOUND, NO_DATA, Finding, pct, phase_efficiency
 from nonstop.profiling.doctor.run_data import RunData
@@ -48,6 +48,10 @@ def _generation_per_step(run: RunData) -> tuple[list[tuple[float, float]], int, 
 
 def generation_long_tail(run: RunData) -> Finding:
     f = Finding("generation_long_tail", "generation long tail", NO_DATA)
+    if overlap_accounts(run):
+        f.status = CLEAR
+        f.evidence.append(f"trainer.mode={run.cfg('trainer.mode')}: the tail overlaps training; see overlap_wait")
+        return f
     pairs, gpus, needed = _generation_per_step(run)
     if not pairs:
         f.missing = [m for m in needed if not run.has(m)]
@@ -86,6 +90,10 @@ def generation_long_tail(run: RunData) -> Finding:
 
 def kv_cache_too_small(run: RunData) -> Finding:
     f = Finding("kv_cache_too_small", "KV cache too small (preemptions, requests waiting for blocks)", NO_DATA)
+    if overlap_accounts(run):
+        f.status = CLEAR
+        f.evidence.append(f"trainer.mode={run.cfg('trainer.mode')}: a KV shortage shows in overlap_wait")
+        return f
     blocked = _per_step(run, ROLLOUT_KV_BLOCKED_FRAC)
     preemptions = run.total(ROLLOUT_NUM_PREEMPTIONS) if run.has(ROLLOUT_NUM_PREEMPTIONS) else None
     if not blocked and preemptions is None:
