@@ -259,6 +259,15 @@ def test_an_idle_trainer_under_split_placement_asks_for_more_rollout_gpus(tmp_pa
     assert any("rollout side is the bottleneck" in e for e in first.evidence)
 
 
+def test_under_split_placement_the_trainers_wait_is_not_generation_host_gaps(tmp_path):
+    # Rank 0 trains: its gen phase, 30% busy, is its wait for blocks (split_balance's evidence), not decode gaps.
+    metrics = {"perf/gpu_util/gen": 30.0, "trainer/idle_ratio": 0.1, "rollouter/idle_ratio": 0.1}
+    findings = {f.cause: f for f in diagnose(load_run(write_run(tmp_path, SPLIT, metrics))).findings}
+    assert findings["generation_host_gaps"].status == "clear" and findings["generation_host_gaps"].gpu_s_lost == 0
+    colocated = {f.cause: f for f in diagnose(load_run(write_run(tmp_path / "c", metrics=metrics))).findings}
+    assert colocated["generation_host_gaps"].gpu_s_lost == pytest.approx(6.0 * 0.7 * NUM_STEPS)
+
+
 def test_a_balanced_split_is_clear_and_missing_ratios_are_reported(tmp_path):
     balanced = {"trainer/idle_ratio": 0.1, "rollouter/idle_ratio": 0.1}
     run = write_run(tmp_path / "balanced", {**SPLIT, "trainer.rollout_n_gpus": 2}, balanced)
