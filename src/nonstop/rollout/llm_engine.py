@@ -244,17 +244,17 @@ class LLMEngine:
         return bool(self.requests or self.ready)
 
     def abort_request(self, request_ids: str | list[str]) -> list[RequestOutput]:
-        """Stop these requests now. Returns their partial outputs (tokens and log-probs so far; unfinished samples
-        get finish_reason "abort"; a request aborted before its prompt was prefilled returns n empty samples). The
-        step in flight is processed first, so no token is pending; a request it finished is returned here as
-        finished."""
-        ids = {request_ids} if isinstance(request_ids, str) else set(request_ids)
+        """Stop these requests now. Returns their partial outputs, in the order the ids were given (tokens and
+        log-probs so far; unfinished samples get finish_reason "abort"; a request aborted before its prompt was
+        prefilled returns n empty samples). The step in flight is processed first, so no token is pending; a request
+        it finished is returned here as finished."""
+        order = {r: i for i, r in enumerate([request_ids] if isinstance(request_ids, str) else request_ids)}
         self.ready += self._process_in_flight()
-        outputs = [o for o in self.ready if o.request_id in ids]
-        self.ready = [o for o in self.ready if o.request_id not in ids]
-        self.scheduler.abort(ids)
-        outputs += [self._output(self.requests.pop(r)) for r in sorted(ids) if r in self.requests]
-        return sorted(outputs, key=lambda o: o.request_id)
+        outputs = [o for o in self.ready if o.request_id in order]
+        self.ready = [o for o in self.ready if o.request_id not in order]
+        self.scheduler.abort(set(order))
+        outputs += [self._output(self.requests.pop(r)) for r in order if r in self.requests]
+        return sorted(outputs, key=lambda o: order[o.request_id])
 
     def _output(self, request: _Request) -> RequestOutput:
         seqs = sorted(request.seqs, key=lambda s: s.sample_index)
