@@ -6,20 +6,10 @@ Prints relative logits errors: ours-bf16 vs HF-bf16 (sdpa and eager), and each v
 import torch
 import transformers
 
+from nonstop.bench.shapes import hf_config_dict
 from nonstop.models import CausalLM, ModelConfig, PackedAttention, packed_positions
 
-CFG = dict(
-    model_type="qwen2",
-    vocab_size=151936,
-    hidden_size=896,
-    intermediate_size=4864,
-    num_hidden_layers=24,
-    num_attention_heads=14,
-    num_key_value_heads=2,
-    rms_norm_eps=1e-6,
-    rope_theta=1e6,
-    tie_word_embeddings=True,
-)
+CFG = hf_config_dict("qwen2.5-0.5b")
 
 
 def rel(a, b):

@@ -14,7 +14,7 @@ staleness bound held its admission back).
 
 from __future__ import annotations
 
-from nonstop.profiling.doctor.finding import CLEAR, FOUND, NO_DATA, Finding, pct, phase_efficiency
+from nonstop.profiling.doctor.finding import CLEAR, FOUND, NO_DATA, Finding, more_kv_memory, pct, phase_efficiency
 from nonstop.profiling.doctor.run_data import RunData
 from nonstop.profiling.phases import timing_key
 
@@ -81,11 +81,9 @@ def overlap_wait(run: RunData) -> Finding:
             f"{KV_BLOCKED} {pct(blocked)} of the rollouter's steps, "
             f"{preempted / len(run.steps):.0f} preemptions per step"
         )
-        memory = float(run.cfg("actor_rollout_ref.rollout.gpu_memory_utilization", 0.5))
-        f.changes.append(
-            f"actor_rollout_ref.rollout.gpu_memory_utilization={min(0.9, memory + 0.2):g}  (the rollouter ran short "
-            "of KV blocks)"
-        )
+        change = more_kv_memory(run)
+        if change is not None:
+            f.changes.append(f"{change}  (the rollouter ran short of KV blocks)")
     if rollouter_idle is not None and rollouter_idle > ROLLOUTER_HELD_BACK:
         # The rollouter had nothing it was allowed to start: more blocks in flight.
         if mode == "async":

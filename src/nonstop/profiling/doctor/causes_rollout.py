@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from nonstop.profiling.doctor.causes_overlap import colocated_overlap, overlap_accounts
 from nonstop.profiling.doctor.causes_placement import ROLLOUTER_IDLE, colocated_split_change
-from nonstop.profiling.doctor.finding import CLEAR, FOUND, NO_DATA, Finding, pct, phase_efficiency
+from nonstop.profiling.doctor.finding import (
+    CLEAR,
+    FOUND,
+    GPU_MEMORY_UTILIZATION,
+    NO_DATA,
+    Finding,
+    more_kv_memory,
+    pct,
+    phase_efficiency,
+)
 from nonstop.profiling.doctor.run_data import RunData
 from nonstop.profiling.metric_names import (
     ROLLOUT_KV_BLOCKED_FRAC,
@@ -23,7 +32,6 @@ DEFAULT_TAIL_FILL = 0.125
 # With twice the KV blocks, requests held back by a full cache run two waves at a time: about half of the blocked
 # time comes back. A stated assumption, not a measurement; the evidence lines carry the measured parts.
 KV_RECOVERABLE = 0.5
-MAX_GPU_MEMORY_UTILIZATION = 0.9
 
 
 def _per_step(run: RunData, metric: str) -> list[tuple[float, float]]:
@@ -118,12 +126,10 @@ def kv_cache_too_small(run: RunData) -> Finding:
         f.evidence.append(f"prompt positions computed {prefill / prompt:.2f}x (recomputation after preemption)")
     f.gpu_s_lost = blocked_s * KV_RECOVERABLE * run.num_gpus
     f.status = FOUND if f.gpu_s_lost > 0 else CLEAR
-    current = float(run.cfg("actor_rollout_ref.rollout.gpu_memory_utilization", 0.5))
-    f.evidence.append(f"actor_rollout_ref.rollout.gpu_memory_utilization is {current:g}")
-    if current < MAX_GPU_MEMORY_UTILIZATION:
-        f.changes.append(
-            f"actor_rollout_ref.rollout.gpu_memory_utilization={min(MAX_GPU_MEMORY_UTILIZATION, current + 0.2):g}"
-        )
+    f.evidence.append(f"{GPU_MEMORY_UTILIZATION} is {float(run.cfg(GPU_MEMORY_UTILIZATION, 0.5)):g}")
+    change = more_kv_memory(run)
+    if change is not None:
+        f.changes.append(change)
     f.changes.append(
         "free training memory for the cache: actor_rollout_ref.actor.use_dynamic_bsz=True with a smaller "
         "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"

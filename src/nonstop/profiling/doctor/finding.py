@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass, field
 from nonstop.profiling.doctor.run_data import RunData
 
 FOUND, CLEAR, NO_DATA = "found", "clear", "no_data"
+GPU_MEMORY_UTILIZATION = "actor_rollout_ref.rollout.gpu_memory_utilization"
+MAX_GPU_MEMORY_UTILIZATION = 0.9
 
 
 @dataclass
@@ -42,3 +44,11 @@ def phase_efficiency(run: RunData, phase: str) -> tuple[float, str] | None:
 
 def pct(x: float) -> str:
     return f"{100 * x:.0f}%"
+
+
+def more_kv_memory(run: RunData) -> str | None:
+    """The `gpu_memory_utilization` change for a short KV cache (+0.2, at most 0.9); None when already at the cap."""
+    current = float(run.cfg(GPU_MEMORY_UTILIZATION, 0.5))
+    if current >= MAX_GPU_MEMORY_UTILIZATION:
+        return None
+    return f"{GPU_MEMORY_UTILIZATION}={min(MAX_GPU_MEMORY_UTILIZATION, current + 0.2):g}"
