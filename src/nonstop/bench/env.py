@@ -1,4 +1,5 @@
-"""What every benchmark result records: the machine, the versions, and the device's copy bandwidth ceiling."""
+"""What every benchmark result records: the machine, the versions, and the device's copy-bandwidth and matmul
+ceilings."""
 
 from __future__ import annotations
 
@@ -29,6 +30,22 @@ def copy_bandwidth(device: torch.device, num_bytes: int = 2 << 30) -> float:
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
     return 2 * num_bytes / statistics.median(times[2:])
+
+
+def matmul_flops(device: torch.device, size: int = 8192) -> float:
+    """bf16 FLOP/s of a large square matrix product: the ceiling compute-bound kernels face (measured, not the
+    datasheet's, since clocks and power limits differ between machines)."""
+    a = torch.randn(size, size, dtype=torch.bfloat16, device=device)
+    b = torch.randn(size, size, dtype=torch.bfloat16, device=device)
+    times = []
+    for _ in range(12):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.mm(a, b)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2 * size**3 / statistics.median(times[2:])
 
 
 def _git_commit() -> str | None:

@@ -10,7 +10,8 @@ Workloads (prompt tokens random, output lengths forced with per-request `max_tok
 Per run: output tok/s (median over repeats after a warm-up), the decode-step breakdown from a torch.profiler trace
 of steady-state decode steps (attention kernel, GEMMs, other kernels, host gaps), and the bytes a decode step must
 read (weights once + the KV of every running sequence) over decode time, as a fraction of the measured copy
-bandwidth.
+bandwidth. Beside them, the workload's roofline: the least time any engine could take on this GPU given its
+measured copy bandwidth and bf16 matmul rate, and how far the engine is from it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import time
 import numpy as np
 import torch
 
-from nonstop.bench.env import copy_bandwidth, default_result_path, environment, write_result
+from nonstop.bench.env import copy_bandwidth, default_result_path, environment, matmul_flops, write_result
 from nonstop.bench.shapes import hf_config_dict, model_config
 from nonstop.models.transformer import CausalLM
 from nonstop.profiling.intervals import merge
@@ -68,6 +69,48 @@ def decode_bytes(model: CausalLM, prompt_lens: list[int], out_lens: list[int], d
         weight_bytes += model.lm_head.weight.numel() * model.lm_head.weight.element_size()
     kv_tokens = sum(o * p + o * (o - 1) // 2 for p, o in zip(prompt_lens, out_lens, strict=True))
     return weight_bytes * decode_steps + kv_tokens * model.config.kv_bytes_per_token
+
+
+def roofline_seconds(
+    model: CausalLM, prompt_lens: list[int], out_lens: list[int], copy_bytes_s: float, flops_s: float
+) -> dict:
+    """A lower bound on the time any engine needs for a workload on this GPU, from its two measured ceilings.
+
+    Every request runs in one batch (the fewest decode steps: the longest output less the token prefill samples).
+    Prefill is compute-bound: its matmul and causal attention FLOPs at `flops_s`, logits for the last token only.
+    A decode step takes at least the larger of its FLOPs at `flops_s` and its bytes at `copy_bytes_s`: weights read
+    once (a tied embedding read whole as the output head), plus the KV of every running sequence's context.
+    """
+    cfg = model.config
+    matmul = [(n, p) for n, p in model.named_parameters() if p.ndim == 2 and "embed_tokens" not in n]
+    matmul_params = sum(p.numel() for _, p in matmul)
+    weight_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
+    if cfg.tie_word_embeddings:
+        matmul_params += model.lm_head.weight.numel()
+        weight_bytes += model.lm_head.weight.numel() * model.lm_head.weight.element_size()
+    head_params = cfg.vocab_size * cfg.hidden_size
+    attn_flops_per_ctx = 4 * cfg.num_attention_heads * cfg.head_dim * cfg.num_hidden_layers  # QK^T and PV
+    prefill_flops = 0.0
+    for p in prompt_lens:
+        prefill_flops += 2 * (matmul_params - head_params) * p + 2 * head_params + attn_flops_per_ctx * p * (p + 1) / 2
+    decode_s, decode_flops, decode_bytes_total = 0.0, 0.0, 0.0
+    for step in range(max(out_lens) - 1):
+        # Step `step` feeds each running request its output token `step + 1`, attending to prompt + step + 1 tokens.
+        contexts = [p + step + 1 for p, o in zip(prompt_lens, out_lens, strict=True) if o - 1 > step]
+        flops = 2 * matmul_params * len(contexts) + attn_flops_per_ctx * sum(contexts)
+        moved = weight_bytes + cfg.kv_bytes_per_token * sum(contexts)
+        decode_s += max(flops / flops_s, moved / copy_bytes_s)
+        decode_flops, decode_bytes_total = decode_flops + flops, decode_bytes_total + moved
+    prefill_s = prefill_flops / flops_s
+    return {
+        "prefill_s": prefill_s,
+        "decode_s": decode_s,
+        "total_s": prefill_s + decode_s,
+        "tok_s": sum(out_lens) / (prefill_s + decode_s),
+        "prefill_tflop": prefill_flops / 1e12,
+        "decode_tflop": decode_flops / 1e12,
+        "decode_gb": decode_bytes_total / 1e9,
+    }
 
 
 def run_nonstop(model, prompts, out_lens, repeats: int, args, num_scheduler_steps: int) -> dict:
@@ -233,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "nonstop bench rollout " + " ".join(argv or [])
     env = environment()
     env["copy_bandwidth_gbs"] = copy_gbs = copy_bandwidth(torch.device("cuda")) / 1e9
+    env["matmul_tflops"] = tflops = matmul_flops(torch.device("cuda")) / 1e12
     rows = []
     for shape in args.shapes.split(","):
         model = random_model(shape, torch.device("cuda"))
@@ -244,28 +288,37 @@ def main(argv: list[str] | None = None) -> int:
                 moved = decode_bytes(model, [len(p) for p in prompts], out_lens, ours["num_decode_steps"])
                 ours["decode_bandwidth_gbs"] = moved / ours["decode_time_s"] / 1e9
                 ours["bandwidth_fraction"] = ours["decode_bandwidth_gbs"] / copy_gbs
+                prompt_lens = [len(p) for p in prompts]
+                roof = roofline_seconds(model, prompt_lens, out_lens, copy_gbs * 1e9, tflops * 1e12)
+                ours["roofline_fraction"] = ours["tok_s"] / roof["tok_s"]
                 row = {"shape": shape, "workload": workload, "num_scheduler_steps": k, "nonstop": ours}
+                row["roofline"] = roof
                 if (workload, shape) in hf_pairs:
                     hf = hf or run_transformers(shape, model, prompts, out_lens, args)
                     row["transformers"] = hf
                     row["speedup"] = ours["tok_s"] / hf["tok_s"]
+                    # The largest ratio any engine could show against this transformers run on this GPU.
+                    row["roofline_speedup"] = roof["tok_s"] / hf["tok_s"]
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 # Written after every row: a run stopped by a time limit keeps what it measured.
                 write_result(out_path, {"environment": env, "command": command, "rows": rows})
         del model
         torch.cuda.empty_cache()
-    print(f"\ncopy bandwidth {copy_gbs:.0f} GB/s; {env['gpu']}, torch {env['torch']}")
-    header = f"{'shape':14} {'workload':9} {'k':>2} {'tok/s':>9} {'HF tok/s':>9} {'x HF':>6} {'BW frac':>7} "
-    header += f"{'step ms':>7} {'attn':>6} {'gemm':>6} {'other':>6} {'host':>6} preempt"
+    print(f"\ncopy bandwidth {copy_gbs:.0f} GB/s, bf16 matmul {tflops:.0f} TFLOP/s; {env['gpu']}, torch {env['torch']}")
+    print("roof tok/s: the workload at its lower-bound time from those ceilings; x HF roof: that over transformers")
+    header = f"{'shape':14} {'workload':9} {'k':>2} {'tok/s':>9} {'roof tok/s':>10} {'of roof':>7} {'HF tok/s':>9} "
+    header += f"{'x HF':>6} {'x HF roof':>9} {'BW frac':>7} {'step ms':>7} {'attn':>6} {'gemm':>6} {'other':>6} "
+    header += f"{'host':>6} preempt"
     print(header)
     for r in rows:
         o, b = r["nonstop"], r["nonstop"]["breakdown"]
         hf = r.get("transformers", {}).get("tok_s")
         print(
             f"{r['shape']:14} {r['workload']:9} {r['num_scheduler_steps']:2d} {o['tok_s']:9.0f} "
-            f"{hf or float('nan'):9.0f} "
-            f"{r.get('speedup', float('nan')):6.1f} {o['bandwidth_fraction']:7.2f} {b['step_ms']:7.2f} "
+            f"{r['roofline']['tok_s']:10.0f} {o['roofline_fraction']:7.2f} {hf or float('nan'):9.0f} "
+            f"{r.get('speedup', float('nan')):6.1f} {r.get('roofline_speedup', float('nan')):9.1f} "
+            f"{o['bandwidth_fraction']:7.2f} {b['step_ms']:7.2f} "
             f"{b['attention']:6.2f} {b['gemm']:6.2f} {b['other_kernels'] + b['sampling']:6.2f} "
             f"{b['host_gap_ms']:6.2f} {o['num_preemptions']}"
         )
