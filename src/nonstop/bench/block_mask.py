@@ -28,14 +28,20 @@ TENSORS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices
 
 
 def random_groups(num_tokens: int, n: int, seed: int = 0) -> list[tuple[list[int], list[list[int]]]]:
-    """200 groups drawn, those kept that still fit in `num_tokens` (as a token budget fills a micro-batch)."""
+    """200 groups drawn, those kept that still fit in `num_tokens` (as a token budget fills a micro-batch). Prompts
+    of up to 300 tokens and responses of up to 1,000, both capped so that a group fills at most half the budget
+    (a 1k-token micro-batch of 8-response groups would otherwise hold none)."""
     rng = np.random.default_rng(seed)
+    max_prompt = max(1, min(300, num_tokens // 4))
+    max_response = max(0, min(1000, (num_tokens // 2 - max_prompt) // n))
     groups, total = [], 0
     for _ in range(200):
-        prompt, responses = int(rng.integers(1, 301)), rng.integers(0, 1001, n).tolist()
+        prompt, responses = int(rng.integers(1, max_prompt + 1)), rng.integers(0, max_response + 1, n).tolist()
         if total + prompt + sum(responses) <= num_tokens:
             groups.append(([0] * prompt, [[0] * r for r in responses]))
             total += prompt + sum(responses)
+    if not groups:
+        raise ValueError(f"no group of {n} responses fits in {num_tokens} tokens; give --tokens at least {2 * n + 2}")
     return groups
 
 

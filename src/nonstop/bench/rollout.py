@@ -171,6 +171,7 @@ def decode_breakdown(llm, prompts, params, steps: int = 20) -> dict:
     start, before = time.perf_counter(), engine.stats.num_decode_steps
     for _ in range(launches):
         engine.step()
+    torch.cuda.synchronize()  # a step may return with its launch still queued on the GPU
     wall, wall_steps = time.perf_counter() - start, engine.stats.num_decode_steps - before
     batch = len(engine.scheduler.running)
     before = engine.stats.num_decode_steps
