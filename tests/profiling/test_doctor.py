@@ -97,9 +97,10 @@ def test_long_tail_ranks_first_with_overlapped_modes(tmp_path):
     first = ranked(write_run(tmp_path, metrics=metrics))[0]
     assert first.cause == "generation_long_tail"
     assert first.gpu_s_lost == pytest.approx(12.0 * 0.7 * 0.9 * NUM_STEPS)
-    assert first.changes[0].startswith("trainer.mode=one_step_off") and first.changes[1].startswith(
-        "trainer.mode=async"
-    )
+    # On one GPU only one_step_off: async measured no faster than sync there (docs/modes.md); on two, async too.
+    assert [c.split()[0] for c in first.changes] == ["trainer.mode=one_step_off"]
+    two = ranked(write_run(tmp_path / "two", {"trainer.n_gpus_per_node": 2}, metrics))[0]
+    assert [c.split()[0] for c in two.changes][:2] == ["trainer.mode=one_step_off", "trainer.mode=async"]
     one_step_off = ranked(write_run(tmp_path / "b", {"trainer.mode": "one_step_off"}, metrics))[0]
     assert [c.split()[0] for c in one_step_off.changes] == ["trainer.mode=async"]
 
@@ -318,7 +319,11 @@ def test_colocated_one_step_off_waits_in_the_publish_not_in_a_slow_copy(tmp_path
     }
     wait = findings["overlap_wait"]
     assert wait.gpu_s_lost == pytest.approx(2.0 * 0.4 * NUM_STEPS)
-    assert wait.changes[0].startswith("trainer.mode=async")
+    # A busy rollouter on a shared GPU: more decode work per step, decode first; not async (measured no faster).
+    assert [c.split()[0] for c in wait.changes] == [
+        "actor_rollout_ref.rollout.max_num_seqs=512",
+        "async_training.rollout_stream_priority=high",
+    ]
     assert findings["weight_sync"].status == "clear"
     sync = {f.cause: f for f in diagnose(load_run(write_run(tmp_path / "sync", metrics=metrics))).findings}
     assert sync["overlap_wait"].status == "clear" and sync["weight_sync"].gpu_s_lost == pytest.approx(2.0 * NUM_STEPS)
