@@ -47,14 +47,9 @@ class MatmulLoad:
 
     def run_for(self, seconds: float) -> float:
         """TFLOP/s alone over `seconds`."""
-        self.flops, start = 0.0, time.perf_counter()
-        self.stop.clear()
-        thread = threading.Thread(target=self._run)
-        thread.start()
+        self.start()
         time.sleep(seconds)
-        self.stop.set()
-        thread.join()
-        return self.flops / (time.perf_counter() - start) / 1e12
+        return self.finish()
 
     def start(self) -> None:
         self.flops, self.t0 = 0.0, time.perf_counter()
