@@ -8,6 +8,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from nonstop.kernels.grid import cdiv
+
 _BLOCK = 128
 
 
@@ -59,7 +61,7 @@ def advance_decode_inputs_triton(
     assert block_tables_DM.shape[0] == D and block_tables_DM.stride(1) == 1
     if D == 0:
         return
-    _advance_decode_kernel[(triton.cdiv(D, _BLOCK),)](
+    _advance_decode_kernel[(cdiv(D, _BLOCK),)](
         num_steps_D,
         positions_D,
         context_lens_D,

@@ -27,6 +27,7 @@ import triton.language as tl
 from torch import Tensor
 
 from nonstop.kernels.cascade_decode import CascadeMetadata
+from nonstop.kernels.grid import next_power_of_2
 from nonstop.kernels.paged_decode_triton import _tile_tokens, attend_tiles, choose_num_splits, num_sms
 
 
@@ -247,7 +248,7 @@ def cascade_decode_attention_triton(
     launch = dict(E=E, PAGE_SIZE=B, TILE_N=TILE_N, DOT_PRECISION="ieee" if q_NHE.dtype == torch.float32 else "tf32")
     _cascade_suffix_kernel[(N, K, num_suffix_splits)](
         q_NHE, k_cache_PBKE, v_cache_PBKE, block_tables_NM, context_lens_N, cascade.prefix_lens_N, o_part, lse_part,
-        *common, num_suffix_splits, num_slots, G=G, G_PAD=max(16, triton.next_power_of_2(G)), **launch,
+        *common, num_suffix_splits, num_slots, G=G, G_PAD=max(16, next_power_of_2(G)), **launch,
         num_warps=4, num_stages=num_stages,
     )  # fmt: skip
     W = cascade.work_W5.shape[0]
@@ -259,6 +260,6 @@ def cascade_decode_attention_triton(
         )  # fmt: skip
     _cascade_merge_kernel[(N, H)](
         cascade.num_prefix_parts_N, o_part, lse_part, o_NHE, o_NHE.stride(0), o_NHE.stride(1), num_suffix_splits,
-        num_slots, E=E, SLOTS_PAD=triton.next_power_of_2(num_slots), num_warps=4,
+        num_slots, E=E, SLOTS_PAD=next_power_of_2(num_slots), num_warps=4,
     )  # fmt: skip
     return o_NHE

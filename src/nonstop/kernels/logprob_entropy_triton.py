@@ -24,6 +24,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from nonstop.kernels.grid import cdiv
+
 # The smallest finite fp32: a lane's starting max. Finite so that the first rescale is exp(-huge) * 0 = 0, not NaN.
 _LOWEST = tl.constexpr(-3.4028234663852886e38)
 
@@ -162,7 +164,7 @@ def logprob_entropy_grad_triton(
     assert out_CV.shape == logits_CV.shape and out_CV.stride(1) == 1, f"out {tuple(out_CV.shape)}"
     C, V = logits_CV.shape
     if C > 0:
-        _logprob_entropy_grad_kernel[(C, triton.cdiv(V, block_v))](
+        _logprob_entropy_grad_kernel[(C, cdiv(V, block_v))](
             logits_CV,
             out_CV,
             target_C,

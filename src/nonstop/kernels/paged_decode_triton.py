@@ -24,6 +24,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from nonstop.kernels.grid import next_power_of_2
+
 # The split count aims for this many programs per SM when every sequence is at its longest.
 _PROGRAMS_PER_SM = 4
 # Once (sequence, kv head) programs alone give every SM this many, splitting only adds the reduce launch (a decode
@@ -264,7 +266,7 @@ def paged_decode_attention_triton(
     assert block_tables_NM.stride(1) == 1 and context_lens_N.is_contiguous()
     assert q_NHE.dtype == k_cache_PBKE.dtype == v_cache_PBKE.dtype, "q and the KV cache must share a dtype"
     G = H // K
-    G_PAD = max(16, triton.next_power_of_2(G))
+    G_PAD = max(16, next_power_of_2(G))
     TILE_N = _tile_tokens(E)
     if num_splits is None:
         device_index = q_NHE.device.index if q_NHE.device.index is not None else torch.cuda.current_device()
@@ -318,7 +320,7 @@ def paged_decode_attention_triton(
             num_splits,
             E=E,
             TILE_N=TILE_N,
-            SPLITS_PAD=triton.next_power_of_2(num_splits),
+            SPLITS_PAD=next_power_of_2(num_splits),
             num_warps=4,
         )
     return o_NHE

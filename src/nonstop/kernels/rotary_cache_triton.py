@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from nonstop.kernels.grid import next_power_of_2
 from nonstop.kernels.rotary_triton import _heads_per_tile, _load_cos_sin, _rotate_heads
 
 
@@ -128,7 +129,7 @@ def rotary_and_cache_triton(
         return q_out_THE
     slot_mapping_T = slot_mapping_T.contiguous()
     F = E // 2
-    BLOCK_F = triton.next_power_of_2(F)
+    BLOCK_F = next_power_of_2(F)
     _rotary_cache_kernel[(T,)](
         q_THE,
         k_TKE,
@@ -158,10 +159,10 @@ def rotary_and_cache_triton(
         F,
         E,
         BLOCK_F,
-        triton.next_power_of_2(E),
+        next_power_of_2(E),
         _heads_per_tile(H, BLOCK_F),
         _heads_per_tile(K, BLOCK_F),
-        triton.next_power_of_2(K),
+        next_power_of_2(K),
         num_warps=4,
         enable_fp_fusion=False,  # as the rotary kernel: fp32 `x * cos + rotated * sin` rounded twice, like torch
     )

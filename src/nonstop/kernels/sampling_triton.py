@@ -29,6 +29,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra import libdevice
 
+from nonstop.kernels.grid import cdiv, next_power_of_2
 from nonstop.kernels.paged_decode_triton import num_sms
 
 _BLOCK = 2048
@@ -206,8 +207,8 @@ def sample_triton(
         index = device.index if device.index is not None else torch.cuda.current_device()
         num_splits = choose_num_splits(N, V, block, num_sms(index) if logits_NV.is_cuda else 1)
     # Each split takes a whole number of tiles (so every split starts inside the vocabulary).
-    chunk = triton.cdiv(triton.cdiv(V, num_splits), block) * block
-    num_splits = triton.cdiv(V, chunk)
+    chunk = cdiv(cdiv(V, num_splits), block) * block
+    num_splits = cdiv(V, chunk)
     tokens_N = torch.empty(N, dtype=torch.int64, device=device)
     logprobs_N = torch.empty(N, dtype=torch.float32, device=device)
     if N == 0:
@@ -254,7 +255,7 @@ def sample_triton(
         logits_NV.stride(0),
         V,
         num_splits,
-        SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),
+        SPLITS_PAD=max(2, next_power_of_2(num_splits)),
         num_warps=1,
     )
     return tokens_N, logprobs_N
