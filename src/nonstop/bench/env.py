@@ -11,25 +11,30 @@ import platform
 import statistics
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
+
+
+def _median_seconds(work: Callable[[], object], repeats: int = 12, skip: int = 2) -> float:
+    """Median device seconds of `work()` between CUDA events, over `repeats` calls after the first `skip`."""
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        work()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times[skip:])
 
 
 def copy_bandwidth(device: torch.device, num_bytes: int = 2 << 30) -> float:
     """Bytes read + written per second by a large device-to-device copy: the ceiling memory-bound kernels face."""
     src = torch.empty(num_bytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    times = []
-    for _ in range(12):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return 2 * num_bytes / statistics.median(times[2:])
+    return 2 * num_bytes / _median_seconds(lambda: dst.copy_(src))
 
 
 def matmul_flops(device: torch.device, size: int = 8192) -> float:
@@ -37,15 +42,7 @@ def matmul_flops(device: torch.device, size: int = 8192) -> float:
     datasheet's, since clocks and power limits differ between machines)."""
     a = torch.randn(size, size, dtype=torch.bfloat16, device=device)
     b = torch.randn(size, size, dtype=torch.bfloat16, device=device)
-    times = []
-    for _ in range(12):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        torch.mm(a, b)
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return 2 * size**3 / statistics.median(times[2:])
+    return 2 * size**3 / _median_seconds(lambda: torch.mm(a, b))
 
 
 def _git_commit() -> str | None:

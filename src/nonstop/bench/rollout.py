@@ -61,12 +61,18 @@ def random_model(shape: str, device: torch.device) -> CausalLM:
     return model.init_weights(generator=torch.Generator(device).manual_seed(0)).eval()
 
 
-def decode_bytes(model: CausalLM, prompt_lens: list[int], out_lens: list[int], decode_steps: int) -> float:
-    """Bytes the decode steps must read at least: all weights but the input embedding once per step (a tied
-    embedding is read whole as the output head), plus each generated token's attention over its context."""
+def step_weight_bytes(model: CausalLM) -> int:
+    """Weight bytes a decode step reads: all but the input embedding (a tied embedding is read whole as the head)."""
     weight_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
     if model.config.tie_word_embeddings:
         weight_bytes += model.lm_head.weight.numel() * model.lm_head.weight.element_size()
+    return weight_bytes
+
+
+def decode_bytes(model: CausalLM, prompt_lens: list[int], out_lens: list[int], decode_steps: int) -> float:
+    """Bytes the decode steps must read at least: `step_weight_bytes` once per step, plus each generated token's
+    attention over its context."""
+    weight_bytes = step_weight_bytes(model)
     kv_tokens = sum(o * p + o * (o - 1) // 2 for p, o in zip(prompt_lens, out_lens, strict=True))
     return weight_bytes * decode_steps + kv_tokens * model.config.kv_bytes_per_token
 
@@ -82,12 +88,10 @@ def roofline_seconds(
     once (a tied embedding read whole as the output head), plus the KV of every running sequence's context.
     """
     cfg = model.config
-    matmul = [(n, p) for n, p in model.named_parameters() if p.ndim == 2 and "embed_tokens" not in n]
-    matmul_params = sum(p.numel() for _, p in matmul)
-    weight_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
+    matmul_params = sum(p.numel() for n, p in model.named_parameters() if p.ndim == 2 and "embed_tokens" not in n)
     if cfg.tie_word_embeddings:
         matmul_params += model.lm_head.weight.numel()
-        weight_bytes += model.lm_head.weight.numel() * model.lm_head.weight.element_size()
+    weight_bytes = step_weight_bytes(model)
     head_params = cfg.vocab_size * cfg.hidden_size
     attn_flops_per_ctx = 4 * cfg.num_attention_heads * cfg.head_dim * cfg.num_hidden_layers  # QK^T and PV
     prefill_flops = 0.0

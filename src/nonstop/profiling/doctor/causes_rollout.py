@@ -177,6 +177,5 @@ def generation_host_gaps(run: RunData) -> Finding:
     f.changes.append(
         f"larger decode batches amortize host work: actor_rollout_ref.rollout.max_num_seqs={2 * seqs}, "
         "a larger data.train_batch_size, or trainer.mode=async"
-        + ("" if run.cfg("trainer.mode", "sync") == "sync" else " (split placement: more sequences per rollout GPU)")
     )
     return f
