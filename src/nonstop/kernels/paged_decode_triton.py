@@ -254,6 +254,7 @@ def paged_decode_attention_triton(
     num_splits: int | None = None,
     num_warps: int = 4,
     num_stages: int = 3,
+    tile_n: int | None = None,
 ) -> Tensor:
     """Same contract as `paged_decode_attention`; the keyword arguments are launch overrides for benchmarks."""
     N, H, E = q_NHE.shape
@@ -267,7 +268,7 @@ def paged_decode_attention_triton(
     assert q_NHE.dtype == k_cache_PBKE.dtype == v_cache_PBKE.dtype, "q and the KV cache must share a dtype"
     G = H // K
     G_PAD = max(16, next_power_of_2(G))
-    TILE_N = _tile_tokens(E)
+    TILE_N = tile_n or _tile_tokens(E)
     if num_splits is None:
         device_index = q_NHE.device.index if q_NHE.device.index is not None else torch.cuda.current_device()
         num_splits = choose_num_splits(N, K, M * B, num_sms(device_index))

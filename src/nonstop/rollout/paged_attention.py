@@ -28,6 +28,7 @@ from nonstop.kernels.paged_decode import paged_decode_attention
 from nonstop.kernels.reshape_and_cache import reshape_and_cache
 from nonstop.kernels.rotary import apply_rotary_qk
 from nonstop.kernels.rotary_cache import rotary_and_cache
+from nonstop.kernels.rotary_decode import rotary_decode_attention
 from nonstop.models.attention import flash_varlen_causal_attention, reference_causal_attention, use_fused_attention
 
 
@@ -74,13 +75,20 @@ class PagedAttention:
         self, layer_idx: int, q_THE: Tensor, k_TKE: Tensor, v_TKE: Tensor, cos_TE: Tensor, sin_TE: Tensor
     ) -> Tensor:
         """`__call__` on q and k before the rotary embedding. A decode-only step (every decode step the CUDA graphs
-        capture) rotates and writes the cache in one launch (`rotary_and_cache`): one kernel fewer per layer and
-        step; a step with prefill tokens rotates first and takes `__call__`."""
+        capture) rotates, writes the cache and attends in one launch at a batch that fills the GPU
+        (`rotary_decode_attention`), else rotates and writes in one launch (`rotary_and_cache`) and attends in
+        another; a step with prefill tokens rotates first and takes `__call__`."""
         md = self.metadata
         if md.num_prefill_tokens > 0:
             q_THE, k_TKE = apply_rotary_qk(q_THE, k_TKE, cos_TE, sin_TE)
             return self(layer_idx, q_THE, k_TKE, v_TKE)
         k_cache_PBKE, v_cache_PBKE, k_flat, v_flat = self._caches(layer_idx)
+        if md.cascade is None:
+            scale = q_THE.shape[-1] ** -0.5
+            return rotary_decode_attention(
+                q_THE, k_TKE, v_TKE, cos_TE, sin_TE, k_cache_PBKE, v_cache_PBKE, md.slot_mapping_T,
+                md.block_tables_NM, md.context_lens_N, scale,
+            )  # fmt: skip
         q_THE = rotary_and_cache(q_THE, k_TKE, v_TKE, cos_TE, sin_TE, k_flat, v_flat, md.slot_mapping_T)
         return self._decode(q_THE, k_cache_PBKE, v_cache_PBKE)
 

@@ -1,0 +1,78 @@
+"""A decode step's attention from unrotated q and k: rotary embedding, KV-cache write of the new token, paged
+attention over the whole context. On CUDA in inference, when the batch is large enough that the decode kernel would
+run one split per sequence (the RL rollout batch), one Triton launch (`rotary_decode_triton.py`); otherwise the two
+steps, `rotary_and_cache` then `paged_decode_attention`, each through its own dispatcher.
+
+Legend: N decoding sequences, H query heads, K kv heads, E head dim, P physical blocks, B block size,
+M max blocks per sequence.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from nonstop.kernels.dispatch import use_fused_kernel
+from nonstop.kernels.paged_decode import paged_decode_attention
+from nonstop.kernels.rotary_cache import rotary_and_cache
+
+
+def rotary_decode_attention_two_step(
+    q_NHE: Tensor,
+    k_NKE: Tensor,
+    v_NKE: Tensor,
+    cos_NE: Tensor,
+    sin_NE: Tensor,
+    k_cache_PBKE: Tensor,
+    v_cache_PBKE: Tensor,
+    slot_mapping_N: Tensor,
+    block_tables_NM: Tensor,
+    context_lens_N: Tensor,
+    scale: float,
+) -> Tensor:
+    """Rotate and write the cache, then attend: the path the fused kernel replaces (and its reference on CPU)."""
+    K, E = k_cache_PBKE.shape[2:]
+    q_NHE = rotary_and_cache(
+        q_NHE, k_NKE, v_NKE, cos_NE, sin_NE, k_cache_PBKE.view(-1, K, E), v_cache_PBKE.view(-1, K, E), slot_mapping_N
+    )
+    return paged_decode_attention(q_NHE, k_cache_PBKE, v_cache_PBKE, block_tables_NM, context_lens_N, scale)
+
+
+def fused_rotary_decode(q_NHE: Tensor, k_NKE: Tensor, k_cache_PBKE: Tensor, block_tables_NM: Tensor) -> bool:
+    """Whether `rotary_decode_attention` takes the one-launch kernel: from shapes, dtypes and the device only, so the
+    choice is fixed at CUDA-graph capture."""
+    if not use_fused_kernel(q_NHE) or q_NHE.dtype != k_cache_PBKE.dtype or q_NHE.dtype != k_NKE.dtype:
+        return False
+    from nonstop.kernels.paged_decode_triton import choose_num_splits, num_sms
+
+    N, _, E = q_NHE.shape
+    _, B, K, _ = k_cache_PBKE.shape
+    device = q_NHE.device.index if q_NHE.device.index is not None else torch.cuda.current_device()
+    return E >= 16 and E & (E - 1) == 0 and choose_num_splits(N, K, block_tables_NM.shape[1] * B, num_sms(device)) == 1
+
+
+def rotary_decode_attention(
+    q_NHE: Tensor,
+    k_NKE: Tensor,
+    v_NKE: Tensor,
+    cos_NE: Tensor,
+    sin_NE: Tensor,
+    k_cache_PBKE: Tensor,
+    v_cache_PBKE: Tensor,
+    slot_mapping_N: Tensor,
+    block_tables_NM: Tensor,
+    context_lens_N: Tensor,
+    scale: float,
+) -> Tensor:
+    """Attention output `[N, H, E]` in q's dtype. q and k come in unrotated; the rotated key and the value are written
+    to `slot_mapping_N`'s cache slots (negative slots skipped) and `context_lens_N` counts that new token."""
+    args = (q_NHE, k_NKE, v_NKE, cos_NE, sin_NE, k_cache_PBKE, v_cache_PBKE, slot_mapping_N, block_tables_NM)
+    if (
+        fused_rotary_decode(q_NHE, k_NKE, k_cache_PBKE, block_tables_NM)
+        and all(x.stride(-1) == 1 for x in args[:7])
+        and cos_NE.dtype == q_NHE.dtype
+    ):
+        from nonstop.kernels.rotary_decode_triton import rotary_decode_attention_triton
+
+        return rotary_decode_attention_triton(*args, context_lens_N, scale)
+    return rotary_decode_attention_two_step(*args, context_lens_N, scale)
