@@ -193,7 +193,7 @@ def decode_breakdown(llm, prompts, params, steps: int = 20) -> dict:
         name, dur = evt.name.lower(), evt.device_time_total / 1e6 if hasattr(evt, "device_time_total") else 0.0
         intervals.append((evt.time_range.start, evt.time_range.end))
         by_name[evt.name] = by_name.get(evt.name, 0.0) + dur
-        if "paged_decode" in name or "flash" in name or "attn" in name:
+        if "paged_decode" in name or "rotary_decode" in name or "flash" in name or "attn" in name:
             buckets["attention"] += dur
         elif "gemm" in name or "cutlass" in name or "nvjet" in name or "cublas" in name or "sm90" in name:
             buckets["gemm"] += dur

@@ -14,7 +14,8 @@ softmax: nothing reads the slot it writes, so no barrier or second pass is neede
 Numerics: the rotation rounds where `apply_rotary_reference` rounds (`x * cos` and `rotated * sin` to the input
 dtype, then their sum), so the cached key is bit-identical to the two-kernel path's; the new token's score is an
 fp32 sum over E instead of a `tl.dot` lane, so the output differs from the two-kernel path's by fp32 summation
-order only. fp32 inputs launch without FMA contraction (a contracted `x * cos + rotated * sin` would round once).
+order only. The kernel launches without FMA contraction: with it, the H200 build contracted `x * cos + rotated * sin`
+across the explicit bf16 roundings and a quarter of the cached key elements came out one ulp off the reference.
 
 CUDA-graph safe: grid and tiles depend on shapes only; lengths and slots are read on the device.
 """
@@ -197,6 +198,6 @@ def rotary_decode_attention_triton(
         DOT_PRECISION="ieee" if fp32 else "tf32",
         num_warps=num_warps,
         num_stages=num_stages,
-        enable_fp_fusion=not fp32,
+        enable_fp_fusion=False,
     )
     return o_NHE
