@@ -43,7 +43,7 @@ _MIN_SPLITS = 16
 # plus this bound stays below the best noisy value drawn so far cannot hold the token, so its noise (the hash and two
 # logs, nearly all of the kernel's work) is skipped. With a trained model's logits (tens of units between the top
 # tokens and the bulk of the vocabulary) most tiles are skipped; with near-uniform logits none are.
-_GUMBEL_BOUND: tl.constexpr = 17.0
+_GUMBEL_BOUND = tl.constexpr(17.0)
 
 
 @triton.jit
