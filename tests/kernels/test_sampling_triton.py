@@ -18,10 +18,10 @@ from nonstop.rollout.sampler import SamplingTensors, sample, sample_reference
 def make_rows(gen: torch.Generator, N: int, V: int, dtype: torch.dtype, stop_mask: bool, all_greedy: bool = False):
     """Random logits and settings, with the corners mixed in: greedy rows among sampled ones, rows whose logits are
     all equal (the draw is decided by the noise alone), exact greedy ties, banned argmaxes, one fully banned row and
-    one row spread like a trained model's logits (the kernel skips the noise of tiles that cannot win)."""
+    one row spread like a trained model's logits."""
     logits_NV = torch.randn(N, V, generator=gen) * (torch.rand(N, 1, generator=gen) * 4 + 0.5)
     logits_NV[1] = torch.randn(1, generator=gen)  # constant row
-    if N > 5:  # a trained model's spread: most tiles fall too far below the top for their noise to matter
+    if N > 5:  # a trained model's spread: tens of units between the top tokens and the bulk
         logits_NV[5] *= 30
     temperature_N = torch.rand(N, generator=gen) * 1.6 + 0.2
     temperature_N[torch.rand(N, generator=gen) < 0.25] = 0.0

@@ -39,11 +39,6 @@ _BLOCK = 1024
 # 2048 / 8 warps / 5 splits); 17 splits at 64 rows 45 µs (was 51).
 _PROGRAMS_PER_SM = 8
 _MIN_SPLITS = 16
-# Above any Gumbel noise the draw can produce: u <= 1 - 2**-24 gives -log(-log(u)) <= 16.64. A tile whose best logit
-# plus this bound stays below the best noisy value drawn so far cannot hold the token, so its noise (the hash and two
-# logs, nearly all of the kernel's work) is skipped. With a trained model's logits (tens of units between the top
-# tokens and the bulk of the vocabulary) most tiles are skipped; with near-uniform logits none are.
-_GUMBEL_BOUND = tl.constexpr(17.0)
 
 
 @triton.jit
@@ -64,13 +59,6 @@ def _row_key(seed, sample_index, position):
     h = _mix32(h ^ ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))
     h = _mix32(h ^ (sample_index & 0xFFFFFFFF).to(tl.uint32))
     return _mix32(h ^ (position & 0xFFFFFFFF).to(tl.uint32))
-
-
-@triton.jit
-def _tile_reach(tile_max):
-    """Above any noisy value `tile_max + Gumbel` can round to: the bound plus a relative margin for the rounding of
-    the sum at large magnitudes (temperatures near 0 scale logits up)."""
-    return tile_max + _GUMBEL_BOUND + tl.abs(tile_max) * 1e-6
 
 
 @triton.jit
@@ -123,7 +111,6 @@ def _sample_split_kernel(
     row_sumexp = tl.full((), 0.0, tl.float32)
     best_B = tl.full([BLOCK], -float("inf"), tl.float32)
     index_B = start + offs  # an all -inf slice reports its first column, so an all-banned row gives 0 like torch
-    noisy_best = tl.full((), -float("inf"), tl.float32)
     for col in range(start, end, BLOCK):
         cols = col + offs
         valid = cols < end
@@ -141,18 +128,11 @@ def _sample_split_kernel(
             banned = tl.load(stop_mask_ptr + n * stride_mn + cols, mask=valid, other=0)
             z = tl.where(banned != 0, -float("inf"), z)
         if not ALL_GREEDY:
-            if greedy:
-                noisy_best = noisy_best  # greedy rows compare the raw (masked) logits: no noise to draw
-            elif _tile_reach(tl.max(z, axis=0)) > noisy_best:
-                h = _mix32(key ^ _mix32(cols.to(tl.uint32)))
-                # 23 bits as odd multiples of 2**-24, exact in fp32, as in `counter_uniform`.
-                u = ((h >> 9) * 2 + 1).to(tl.float32) * (1.0 / 16777216.0)
-                z = z - _log(-_log(u, PRECISE_LOG), PRECISE_LOG)
-                noisy_best = tl.maximum(noisy_best, tl.max(z, axis=0))
-            else:
-                # No column of this tile can reach the best noisy value already drawn from lower columns (a tie
-                # would lose to them too): the tile's noise is never computed.
-                z = tl.full([BLOCK], -float("inf"), tl.float32)
+            h = _mix32(key ^ _mix32(cols.to(tl.uint32)))
+            # 23 bits as odd multiples of 2**-24, exact in fp32, as in `counter_uniform`.
+            u = ((h >> 9) * 2 + 1).to(tl.float32) * (1.0 / 16777216.0)
+            gumbel = -_log(-_log(u, PRECISE_LOG), PRECISE_LOG)
+            z = tl.where(greedy, z, z + gumbel)
         # Strictly greater: each lane keeps its first maximum, so ties go to the lowest column.
         better = z > best_B
         best_B = tl.where(better, z, best_B)
