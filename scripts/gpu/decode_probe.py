@@ -131,7 +131,7 @@ def gemm_section(shape: str, rows: list[int], quick: bool) -> list[dict]:
 
                 results.append(dict(tiles=tiles, us=graph_us(fused, L), rel_err=err))
             ok = sorted((r for r in results if "us" in r), key=lambda r: r["us"])
-            default_us = next(r["us"] for r in results if r["tiles"] == default and "us" in r)
+            default_us = next((r["us"] for r in results if r["tiles"] == default and "us" in r), float("nan"))
             row = dict(unit=name, rows=m, base_us=base_us, default_tiles=default, default_us=default_us,
                        best=ok[:5], errors=[r for r in results if "error" in r])  # fmt: skip
             out_rows.append(row)

@@ -186,3 +186,26 @@ def test_decode_only_pass_schedules_exactly_what_the_general_loop_does(k, async_
         assert len(samples) >= 12 and fast_steps > 0 and {reason for *_, reason in samples} == {"stop", "length"}
         num_preemptions += trace[-1][7]["num_preemptions"]
     assert num_preemptions > 0
+
+
+def test_one_token_row_never_reads_a_block_the_step_fills():
+    """A decode-only step writes the new tokens' KV and attends in one launch (kernels/rotary_decode.py). A request
+    whose prompt ends one token past a block that another sequence fills in this very step would be a one-token row
+    reading a slot that launch writes: it computes the block itself instead. A step later the block is settled and a
+    third request shares it, decoding its one remaining token."""
+    s = make()
+    s.add(request("x", 3, max_tokens=4))  # tokens 1, 2, 3
+    step(s, token=4)  # x samples 4: its next step computes the KV of token 4, the last slot of block 0
+
+    def rows(batch):
+        columns = zip(batch.seqs, batch.num_new_tokens, batch.num_cached_tokens, strict=True)
+        return {q.request_id: (n, c) for q, n, c in columns}
+
+    s.add(Sequence("y", [1, 2, 3, 4, 9], SamplingParams(max_tokens=2), seed=1))
+    batch = s.schedule()
+    assert rows(batch) == {"x": (1, 3), "y": (5, 0)}, rows(batch)
+    s.postprocess(batch, [5, 6], [-1.0, -1.0])
+    s.add(Sequence("z", [1, 2, 3, 4, 5], SamplingParams(max_tokens=2), seed=2))
+    batch = s.schedule()
+    assert rows(batch)["z"] == (1, 4), rows(batch)
+    assert batch.seqs[-1].block_table[0] == batch.seqs[0].block_table[0], "z does not share x's first block"

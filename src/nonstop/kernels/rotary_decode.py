@@ -1,7 +1,9 @@
 """A decode step's attention from unrotated q and k: rotary embedding, KV-cache write of the new token, paged
-attention over the whole context. On CUDA in inference, when the batch is large enough that the decode kernel would
-run one split per sequence (the RL rollout batch), one Triton launch (`rotary_decode_triton.py`); otherwise the two
-steps, `rotary_and_cache` then `paged_decode_attention`, each through its own dispatcher.
+attention over the whole context. On CUDA in inference, when the decode kernel would run one split per sequence
+(`choose_num_splits`: a batch that fills the GPU, or half fills it with short contexts, as RL rollout batches do)
+and every tensor shares one dtype with contiguous rows, one Triton launch (`rotary_decode_triton.py`); otherwise
+the two steps, `rotary_and_cache` then `paged_decode_attention`, each through its own dispatcher. The caller keeps
+rows from reading slots other rows write in the same launch (the scheduler's `BlockManager.settled_prefix`).
 
 Legend: N decoding sequences, H query heads, K kv heads, E head dim, P physical blocks, B block size,
 M max blocks per sequence.
@@ -65,12 +67,18 @@ def rotary_decode_attention(
     scale: float,
 ) -> Tensor:
     """Attention output `[N, H, E]` in q's dtype. q and k come in unrotated; the rotated key and the value are written
-    to `slot_mapping_N`'s cache slots (negative slots skipped) and `context_lens_N` counts that new token."""
+    to `slot_mapping_N`'s cache slots (negative slots skipped) and `context_lens_N` counts that new token. The fused
+    kernel attends to the new token from registers, the two steps read it back from its slot: the same unless the
+    slot is negative (padding), where the two steps read whatever the cache holds at that position."""
     args = (q_NHE, k_NKE, v_NKE, cos_NE, sin_NE, k_cache_PBKE, v_cache_PBKE, slot_mapping_N, block_tables_NM)
+    floats = args[:7]
     if (
         fused_rotary_decode(q_NHE, k_NKE, k_cache_PBKE, block_tables_NM)
-        and all(x.stride(-1) == 1 for x in args[:7])
-        and cos_NE.dtype == q_NHE.dtype
+        and len({x.dtype for x in floats}) == 1
+        and all(x.stride(-1) == 1 for x in floats)
+        and slot_mapping_N.is_contiguous()
+        and context_lens_N.is_contiguous()
+        and block_tables_NM.stride(1) == 1
     ):
         from nonstop.kernels.rotary_decode_triton import rotary_decode_attention_triton
 

@@ -9,13 +9,17 @@ launches that `choose_num_splits` would split to the two-kernel path). A program
 registers and its kv head's new key, stores the rotated key and the value into the token's cache slot (skipped for
 a negative slot, vLLM's padding convention), attends over the sequence's cached tokens through the block table
 (`attend_tiles`, the split kernel's loop) and adds the new token from registers last, as one more step of the online
-softmax: nothing reads the slot it writes, so no barrier or second pass is needed.
+softmax: no program reads the slot it writes, so no barrier or second pass is needed. No program may read a slot
+ANOTHER program writes either (their order is unspecified): the scheduler never gives a one-token row a prefix hit on
+a block the step fills (`BlockManager.settled_prefix`).
 
 Numerics: the rotation rounds where `apply_rotary_reference` rounds (`x * cos` and `rotated * sin` to the input
-dtype, then their sum), so the cached key is bit-identical to the two-kernel path's; the new token's score is an
-fp32 sum over E instead of a `tl.dot` lane, so the output differs from the two-kernel path's by fp32 summation
-order only. The kernel launches without FMA contraction: with it, the H200 build contracted `x * cos + rotated * sin`
-across the explicit bf16 roundings and a quarter of the cached key elements came out one ulp off the reference.
+dtype, then their sum), so the cached key is bit-identical to the two-kernel path's. The output is not: the new
+token's score is an fp32 sum over E instead of a `tl.dot` lane, it joins the online softmax last (its probability
+rounded to the value dtype against a different running max) and the launch has no FMA contraction, so the two
+paths differ at bf16 rounding level (tests: 2e-2 of the output scale on the GPU). No FMA contraction because with
+it the H200 build contracted `x * cos + rotated * sin` across the explicit bf16 roundings, and a quarter of the
+cached key elements came out one ulp off the reference.
 
 CUDA-graph safe: grid and tiles depend on shapes only; lengths and slots are read on the device.
 """

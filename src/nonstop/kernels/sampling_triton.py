@@ -36,7 +36,7 @@ _BLOCK = 1024
 # Splits per row aim for this many programs per SM, and at least _MIN_SPLITS: the draw is bound by the hash and logs,
 # not by memory, and more, smaller programs hide their latency. H200, 151,936-token vocabulary, 24 configurations
 # (scripts/gpu/decode_probe.py, 2026-12-01): 1024-wide tiles, 4 warps, 16 splits at 256 rows 155 µs (was 173 with
-# 2048 / 8 warps / 5 splits); 17 splits at 64 rows 45 µs (was 51).
+# 2048 / 4 warps / 5 splits); 17 splits at 64 rows 45 µs (was 51).
 _PROGRAMS_PER_SM = 8
 _MIN_SPLITS = 16
 

@@ -40,6 +40,9 @@ class BlockManager:
         # Bumped by reset_prefix_cache: sequences whose hash chain started earlier stop registering blocks, since
         # their KV was computed with the old weights.
         self.cache_epoch = 0
+        # Blocks hashed since the scheduler began building the current step: the step being built writes their last
+        # tokens' KV (`begin_step` clears it; `settled_prefix` keeps a decode row off them).
+        self.blocks_filling: set[int] = set()
 
     @property
     def num_blocks(self) -> int:
@@ -67,6 +70,21 @@ class BlockManager:
             if block_id is None or self.blocks[block_id].token_ids != tokens:
                 break
             hits.append(block_id)
+        return hits
+
+    def begin_step(self) -> None:
+        """The scheduler starts building a step: blocks hashed before now have their KV written by earlier steps
+        (or by one still in flight, which runs first on the same stream)."""
+        self.blocks_filling.clear()
+
+    def settled_prefix(self, hits: list[int]) -> list[int]:
+        """`hits` up to the first block that the step being built fills. A sequence that would compute only one
+        token in this step is a decode row, and a decode-only step writes the new tokens' KV and attends in one
+        launch (kernels/rotary_decode.py), so it must not read a slot another row writes in that launch; without
+        the block it computes that block's tokens itself, as a prefill row (whose step writes before it reads)."""
+        for i, block_id in enumerate(hits):
+            if block_id in self.blocks_filling:
+                return hits[:i]
         return hits
 
     def reset_prefix_cache(self) -> None:
@@ -104,6 +122,7 @@ class BlockManager:
             if block.hash is None and h not in self.hash_to_block_id:
                 block.hash, block.token_ids = h, tokens
                 self.hash_to_block_id[h] = block.block_id
+                self.blocks_filling.add(block.block_id)
 
     def register_computed(self, seqs: list[Sequence]) -> None:
         """Hash the blocks that filled up while their last token's value was pending (async scheduling), in order."""

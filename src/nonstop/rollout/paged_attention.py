@@ -9,7 +9,9 @@ call writes the new k/v into the cache through `slot_mapping` (slot = block id *
 - decode: `paged_decode_attention` reads K/V straight from the blocks (Triton split-KV kernel on CUDA), or, when the
   step's metadata carries shared-prefix tiles, `cascade_decode_attention` reads each shared prefix once per tile.
 Writing before reading is what lets a sequence attend to blocks another sequence in the same step is computing
-(prefix-cache hits registered at scheduling time).
+(prefix-cache hits registered at scheduling time). The decode-only step's fused kernel (`rotary_decode_attention`)
+writes and reads in one launch instead; the scheduler never gives a one-token row a hit on a block the step fills
+(`BlockManager.settled_prefix`), so no row reads a slot another row writes there.
 
 The per-layer cache is `[num_blocks P, block_size B, K, E]`, the layout the decode kernel and torch's paged
 varlen take. Legend: T packed tokens, H query heads, K kv heads, E head dim, N decoding sequences, M max blocks
@@ -75,9 +77,10 @@ class PagedAttention:
         self, layer_idx: int, q_THE: Tensor, k_TKE: Tensor, v_TKE: Tensor, cos_TE: Tensor, sin_TE: Tensor
     ) -> Tensor:
         """`__call__` on q and k before the rotary embedding. A decode-only step (every decode step the CUDA graphs
-        capture) rotates, writes the cache and attends in one launch at a batch that fills the GPU
-        (`rotary_decode_attention`), else rotates and writes in one launch (`rotary_and_cache`) and attends in
-        another; a step with prefill tokens rotates first and takes `__call__`."""
+        capture) without shared-prefix tiles goes to `rotary_decode_attention` (one launch that rotates, writes the
+        cache and attends, where the decode kernel would run one split per sequence); with them it rotates and
+        writes in one launch (`rotary_and_cache`) and attends in another; a step with prefill tokens rotates first
+        and takes `__call__`."""
         md = self.metadata
         if md.num_prefill_tokens > 0:
             q_THE, k_TKE = apply_rotary_qk(q_THE, k_TKE, cos_TE, sin_TE)

@@ -184,6 +184,7 @@ class Scheduler:
         return self._fork_blocks(seq) if num_cached + num_new_tokens == seq.num_tokens else 0
 
     def schedule(self) -> ScheduledBatch:
+        self.block_manager.begin_step()
         batch = self._schedule_decodes()
         preempted, num_decoding = False, len(batch.seqs) if batch is not None else 0
         if batch is None:
@@ -286,6 +287,8 @@ class Scheduler:
             if num_running + seq.num_samples > self.max_num_seqs:
                 break
             hits = bm.find_cached_prefix(seq)
+            if seq.num_tokens - len(hits) * bm.block_size == 1 or budget == 1:  # it would be a one-token row
+                hits = bm.settled_prefix(hits)
             num_cached = len(hits) * bm.block_size
             n = min(seq.num_tokens - num_cached, budget)
             fork = self._reserve_fork_blocks(seq, n, num_cached)
