@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
+from decode_probe import graph_us
 
 from nonstop.bench.env import environment
 from nonstop.bench.shapes import model_config
@@ -35,18 +35,6 @@ def decode_metadata(tables: torch.Tensor, ctx: torch.Tensor, block: int) -> Atte
         cu_seqlens_k_t=None, max_seqlen_q=0, max_seqlen_k=0, context_slots_C=None, block_tables_NM=tables,
         context_lens_N=ctx,
     )  # fmt: skip
-
-
-def replay_ms(graph: torch.cuda.CUDAGraph, replays: int = 30) -> float:
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times[5:])
 
 
 def main() -> int:
@@ -104,18 +92,7 @@ def main() -> int:
         row = {"rows": n}
         with torch.inference_mode():
             for name, fn in (("whole", whole), ("serial", serial), ("streams", two_streams)):
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    fn()
-                    fn()
-                torch.cuda.current_stream().wait_stream(side)
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    fn()
-                row[f"{name}_ms"] = replay_ms(graph)
-                del graph
+                row[f"{name}_ms"] = graph_us(fn, calls=1) / 1e3
         # The cache writes of one replay are the next replay's inputs in every variant alike; tokens compare within
         # one replay's inputs: rerun each eagerly on the same state.
         with torch.inference_mode():
