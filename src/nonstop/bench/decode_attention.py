@@ -256,7 +256,7 @@ def run_case(args, model: str, N: int, L: int, copy_bw: float, dtype: torch.dtyp
     for B in args.block_sizes:
         paged_copies = [make_paged(dense, B, args.max_model_len) for dense in dense_copies]
         M = paged_copies[0]["block_tables"].shape[1]
-        splits = choose_num_splits(N, K, M * B, num_sms(device.index or 0))
+        splits = choose_num_splits(N, K, M * B, num_sms(device))
         record("triton-paged", B, measure(triton_paged(scale), paged_copies, reference), num_splits=splits)
         if args.sweep and N == 64 and L == 4096:
             for num_splits in sorted({1, 2, 4, 8, 16, 32, splits}):

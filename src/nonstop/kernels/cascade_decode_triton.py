@@ -226,8 +226,7 @@ def cascade_decode_attention_triton(
     assert ROWS >= 16 and ROWS & (ROWS - 1) == 0 and ROWS >= G, f"tile rows {ROWS}: a power of two >= 16 and G"
     TILE_N = _tile_tokens(E)
     if num_suffix_splits is None:
-        device_index = q_NHE.device.index if q_NHE.device.index is not None else torch.cuda.current_device()
-        num_suffix_splits = choose_num_splits(N, K, M * B, num_sms(device_index))
+        num_suffix_splits = choose_num_splits(N, K, M * B, num_sms(q_NHE.device))
     num_slots = num_suffix_splits + cascade.num_prefix_slots
 
     o_NHE = torch.empty_like(q_NHE)

@@ -213,8 +213,14 @@ def _paged_decode_reduce_kernel(
     tl.store(o_ptr + n * stride_on + head * stride_oh + offs_e, out.to(o_ptr.dtype.element_ty))
 
 
+def num_sms(device: torch.device | int) -> int:
+    """Streaming multiprocessors of a CUDA device: an index, or a device whose index may be unset (the current one)."""
+    index = device if isinstance(device, int) else device.index
+    return _num_sms(torch.cuda.current_device() if index is None else index)
+
+
 @functools.cache
-def num_sms(device_index: int) -> int:
+def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
@@ -270,8 +276,7 @@ def paged_decode_attention_triton(
     G_PAD = max(16, next_power_of_2(G))
     TILE_N = tile_n or _tile_tokens(E)
     if num_splits is None:
-        device_index = q_NHE.device.index if q_NHE.device.index is not None else torch.cuda.current_device()
-        num_splits = choose_num_splits(N, K, M * B, num_sms(device_index))
+        num_splits = choose_num_splits(N, K, M * B, num_sms(q_NHE.device))
 
     o_NHE = torch.empty_like(q_NHE)
     if N == 0:

@@ -11,7 +11,6 @@ M max blocks per sequence.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from nonstop.kernels.dispatch import use_fused_kernel
@@ -40,19 +39,6 @@ def rotary_decode_attention_two_step(
     return paged_decode_attention(q_NHE, k_cache_PBKE, v_cache_PBKE, block_tables_NM, context_lens_N, scale)
 
 
-def fused_rotary_decode(q_NHE: Tensor, k_NKE: Tensor, k_cache_PBKE: Tensor, block_tables_NM: Tensor) -> bool:
-    """Whether `rotary_decode_attention` takes the one-launch kernel: from shapes, dtypes and the device only, so the
-    choice is fixed at CUDA-graph capture."""
-    if not use_fused_kernel(q_NHE) or q_NHE.dtype != k_cache_PBKE.dtype or q_NHE.dtype != k_NKE.dtype:
-        return False
-    from nonstop.kernels.paged_decode_triton import choose_num_splits, num_sms
-
-    N, _, E = q_NHE.shape
-    _, B, K, _ = k_cache_PBKE.shape
-    device = q_NHE.device.index if q_NHE.device.index is not None else torch.cuda.current_device()
-    return E >= 16 and E & (E - 1) == 0 and choose_num_splits(N, K, block_tables_NM.shape[1] * B, num_sms(device)) == 1
-
-
 def rotary_decode_attention(
     q_NHE: Tensor,
     k_NKE: Tensor,
@@ -71,16 +57,29 @@ def rotary_decode_attention(
     kernel attends to the new token from registers, the two steps read it back from its slot: the same unless the
     slot is negative (padding), where the two steps read whatever the cache holds at that position."""
     args = (q_NHE, k_NKE, v_NKE, cos_NE, sin_NE, k_cache_PBKE, v_cache_PBKE, slot_mapping_N, block_tables_NM)
-    floats = args[:7]
-    if (
-        fused_rotary_decode(q_NHE, k_NKE, k_cache_PBKE, block_tables_NM)
-        and len({x.dtype for x in floats}) == 1
-        and all(x.stride(-1) == 1 for x in floats)
-        and slot_mapping_N.is_contiguous()
-        and context_lens_N.is_contiguous()
-        and block_tables_NM.stride(1) == 1
-    ):
+    if _takes_fused_kernel(args[:7], slot_mapping_N, block_tables_NM, context_lens_N):
         from nonstop.kernels.rotary_decode_triton import rotary_decode_attention_triton
 
         return rotary_decode_attention_triton(*args, context_lens_N, scale)
     return rotary_decode_attention_two_step(*args, context_lens_N, scale)
+
+
+def _takes_fused_kernel(
+    floats: tuple[Tensor, ...], slot_mapping_N: Tensor, block_tables_NM: Tensor, context_lens_N: Tensor
+) -> bool:
+    """Whether the one-launch kernel takes the step: CUDA inference, one dtype and contiguous rows throughout, a
+    power-of-two head dim, and one split per sequence. Shapes, dtypes and the device only, so the choice is fixed at
+    CUDA-graph capture."""
+    q_NHE, k_cache_PBKE = floats[0], floats[5]
+    if not use_fused_kernel(q_NHE) or len({x.dtype for x in floats}) != 1:
+        return False
+    if not (all(x.stride(-1) == 1 for x in floats) and block_tables_NM.stride(1) == 1):
+        return False
+    if not (slot_mapping_N.is_contiguous() and context_lens_N.is_contiguous()):
+        return False
+    from nonstop.kernels.paged_decode_triton import choose_num_splits, num_sms
+
+    N, _, E = q_NHE.shape
+    _, B, K, _ = k_cache_PBKE.shape
+    max_tokens = block_tables_NM.shape[1] * B
+    return E >= 16 and E & (E - 1) == 0 and choose_num_splits(N, K, max_tokens, num_sms(q_NHE.device)) == 1

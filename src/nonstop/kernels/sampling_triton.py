@@ -213,8 +213,7 @@ def sample_triton(
     assert V < 2**31 and block & (block - 1) == 0
     device = logits_NV.device
     if num_splits is None:
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        num_splits = choose_num_splits(N, V, block, num_sms(index) if logits_NV.is_cuda else 1)
+        num_splits = choose_num_splits(N, V, block, num_sms(device) if logits_NV.is_cuda else 1)
     # Each split takes a whole number of tiles (so every split starts inside the vocabulary).
     chunk = cdiv(cdiv(V, num_splits), block) * block
     num_splits = cdiv(V, chunk)
