@@ -6,7 +6,7 @@ deterministic; a correct sampler fails such a test once in a thousand seed choic
 import pytest
 import torch
 
-from nonstop.rollout.sampler import SamplingTensors, counter_uniform, sample
+from nonstop.rollout.sampler import SamplingTensors, counter_row_uniform, inverse_cdf_draw, sample
 
 # Upper 0.1% points of the chi-square distribution, by degrees of freedom.
 CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32}
@@ -119,15 +119,17 @@ def test_stop_mask_bans_tokens_and_keeps_logprobs_unmasked():
     assert greedy.tolist() == [1, 1, 1, 1]
 
 
-def test_counter_uniform_is_uniform_in_the_open_interval():
-    u = counter_uniform(torch.arange(64), torch.zeros(64, dtype=torch.int64), torch.zeros(64, dtype=torch.int64), 4096)
-    assert 0 < u.min() and u.max() < 1
-    counts = torch.histc(u.flatten(), bins=8, min=0, max=1).double()
+def test_counter_row_uniform_is_uniform_in_the_open_interval():
+    seeds = torch.arange(256).repeat_interleave(64)
+    positions = torch.arange(64).repeat(256)
+    u = counter_row_uniform(seeds, torch.zeros_like(seeds), positions)
+    assert u.dtype == torch.float32 and 0 < u.min() and u.max() < 1
+    counts = torch.histc(u, bins=8, min=0, max=1).double()
     expected = u.numel() / 8
     assert ((counts - expected) ** 2 / expected).sum() < CHI2_999[7]
 
 
-def test_counter_uniform_is_the_uint32_hash():
+def test_counter_row_uniform_is_the_uint32_hash():
     """The int64 tensor hash equals the same hash in uint32 wraparound arithmetic, which the Triton sampler uses."""
 
     def mix32(x: int) -> int:
@@ -140,11 +142,25 @@ def test_counter_uniform_is_the_uint32_hash():
     gen = torch.Generator().manual_seed(4)
     seeds = [0, -1, 2**40 + 3, -(2**63), 2**63 - 1] + torch.randint(-(2**62), 2**62, (3,), generator=gen).tolist()
     sample_index, position = torch.randint(0, 2**31, (2, len(seeds)), generator=gen)
-    u = counter_uniform(torch.tensor(seeds), sample_index, position, 300)
+    u = counter_row_uniform(torch.tensor(seeds), sample_index, position)
     for n, seed in enumerate(seeds):
         h = mix32((seed % 2**32) ^ 0x9E3779B9)
         for word in (seed // 2**32 % 2**32, int(sample_index[n]), int(position[n])):
             h = mix32(h ^ word)
-        for v in (0, 1, 17, 299):
-            bits = mix32(h ^ mix32(v)) >> 9
-            assert u[n, v].item() == (2 * bits + 1) / 2**24, (seed, v)
+        assert u[n].item() == (2 * (mix32(h) >> 9) + 1) / 2**24, seed
+
+
+def test_inverse_cdf_draw_by_hand():
+    # probabilities 0.1, 0.2, 0.3, 0.4: cumulative 0.1, 0.3, 0.6, 1.0; the first token whose cumulative mass
+    # exceeds u is drawn, a token with no mass never is.
+    logits = torch.tensor([0.1, 0.2, 0.3, 0.4]).log()
+    u = torch.tensor([0.05, 0.11, 0.29, 0.31, 0.59, 0.61, 0.999])
+    assert inverse_cdf_draw(logits.expand(7, -1), u).tolist() == [0, 1, 1, 2, 2, 3, 3]
+    banned = logits.clone()
+    banned[1] = float("-inf")  # 0.1, 0, 0.3, 0.4 renormalised by 0.8: cumulative 0.125, 0.125, 0.5, 1.0
+    assert inverse_cdf_draw(banned.expand(7, -1), u).tolist() == [0, 0, 2, 2, 3, 3, 3]
+    last_banned = logits.clone()
+    last_banned[3] = float("-inf")
+    assert inverse_cdf_draw(last_banned[None], torch.tensor([1.0])).tolist() == [2]  # past the end: last with mass
+    nothing = torch.full((1, 4), float("-inf"))
+    assert inverse_cdf_draw(nothing, torch.tensor([0.5])).tolist() == [0]

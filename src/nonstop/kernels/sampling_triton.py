@@ -1,21 +1,23 @@
-"""Triton fused sampler for rows without top-k / top-p: temperature, Gumbel-max draw, min_tokens stop mask, log-prob.
+"""Triton fused sampler for rows without top-k / top-p: temperature, inverse-CDF draw, min_tokens stop mask, log-prob.
 
-Legend: N rows (one per sample drawn), V vocabulary, S splits of the vocabulary per row.
+Legend: N rows (one per sample drawn), V vocabulary, T tiles of BLOCK tokens per row, S splits of a row's tiles.
 
-It draws exactly the token `nonstop.rollout.sampler.sample_reference` draws, reading the logits once instead of
-making a dozen [N, V] passes. `_sample_split_kernel` runs one program per (row, split): it walks its slice of the
-vocabulary in tiles, keeps an online max / sum-exp of logits / T in fp32 for the log-sum-exp, and the running
-argmax of logits / T + Gumbel(u) (stop-masked columns at -inf), where u is the sampler's counter hash of
-(row key, token id) recomputed in uint32 registers. The row key itself (`counter_row_key` of the row's seed, sample
-index and position + `position_offset`) is hashed in the program too: as ~50 int64 torch ops it was as many tiny
-kernels in every decode step. `_sample_reduce_kernel` merges the S partials of a row and
-writes the token and its log-prob, logits[token] / T - logsumexp(logits / T), over the full (unmasked)
-distribution as the reference does. Greedy rows (T = 0) take the argmax of the raw logits and raw-logit log-probs.
+It draws what `nonstop.rollout.sampler.sample_reference` draws, reading the logits once. `_tile_stats_kernel` runs
+one program per (row, split) and writes, for every tile of its split, the max m of logits / T, the sum of
+exp(logits / T - m) over the tile, the same sum with stop-masked tokens left out, and the tile's (stop-masked)
+argmax for greedy rows. The numbers depend only on the tile's contents, never on the split count, so a draw does
+not depend on the launch configuration (or on the batch). `_draw_kernel` runs one program per row: it rescales the
+tile sums to the row max, takes the log-sum-exp, hashes the row's uniform u (`counter_row_uniform`, from the seed,
+sample index and position + `position_offset`), finds the tile whose cumulative masked mass passes u times the
+total, re-reads only that tile for the token, and writes the token and its log-prob logits[token] / T - logsumexp
+over the full (unmasked) distribution. Greedy rows (T = 0) take the argmax of the raw logits, lowest id on ties.
 
-Bit-exactness with the torch path: the hash is integer arithmetic (uint32 wraparound equals the reference's int64
-ops masked to 32 bits); the division is correctly rounded (`div_rn`, Triton's plain `/` is approximate); the logs
-of the Gumbel noise use libdevice's `logf`, the function torch's CUDA `log` calls; ties go to the lowest token id,
-as `torch.argmax` does. The log-sum-exp uses fast exp and differs from torch's by float rounding only.
+The previous kernel drew by Gumbel-max and hashed a uniform per vocabulary entry: 151,936 hashes and two logs per
+row made it bound by arithmetic (139 µs at 256 rows on an H200). Here the arithmetic per entry is one exp.
+
+Agreement with the torch path: the reference sums in float64, this kernel in fp32 with fast exp, so the two can
+pick neighbouring tokens when u falls within that rounding of a boundary (tests check every disagreement is such a
+case). The division by T is correctly rounded (`div_rn`, Triton's plain `/` is approximate) and skipped at T = 1.
 
 CUDA-graph safety: the launch (grid, tile sizes, buffers) depends only on shapes and the device; nothing syncs.
 The hash multiplies wrap around on purpose: Triton's debug mode (`TRITON_DEBUG=1`) flags them as overflows.
@@ -27,18 +29,15 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from triton.language.extra import libdevice
 
 from nonstop.kernels.grid import cdiv, next_power_of_2
 from nonstop.kernels.paged_decode_triton import num_sms
 
+# The tile width sets how the sums are grouped, so it is part of the numerics; the launch overrides below are not.
 _BLOCK = 1024
-# Splits per row aim for this many programs per SM, and at least _MIN_SPLITS: the draw is bound by the hash and logs,
-# not by memory, and more, smaller programs hide their latency. H200, 151,936-token vocabulary, 24 configurations
-# (scripts/gpu/decode_probe.py, 2026-12-01): 1024-wide tiles, 4 warps, 16 splits at 256 rows 155 µs (was 173 with
-# 2048 / 4 warps / 5 splits); 17 splits at 64 rows 45 µs (was 51).
+# Splits per row aim for this many programs per SM; each split is at least one tile.
 _PROGRAMS_PER_SM = 8
-_MIN_SPLITS = 16
+_MIN_SPLITS = 4
 
 
 @triton.jit
@@ -62,17 +61,65 @@ def _row_key(seed, sample_index, position):
 
 
 @triton.jit
-def _log(x, PRECISE_LOG: tl.constexpr):
-    if PRECISE_LOG:
-        return libdevice.log(x)
-    else:  # the CPU interpreter has no libdevice; numpy's log stands in for torch's CPU log there
-        return tl.log(x)
+def _scaled_tile(logits_ptr, stop_mask_ptr, n, stride_ln, stride_mn, cols, V, temperature, HAS_STOP_MASK: tl.constexpr):
+    """(logits / T, the same with stop-masked tokens at -inf) over one tile, -inf past the vocabulary."""
+    valid = cols < V
+    x = tl.load(logits_ptr + n * stride_ln + cols, mask=valid, other=0.0).to(tl.float32)
+    if temperature == 1.0:  # x / 1 is x exactly: the correctly rounded division only where it can differ
+        scaled = tl.where(valid, x, -float("inf"))
+    else:
+        scaled = tl.where(valid, tl.math.div_rn(x, temperature), -float("inf"))
+    masked = scaled
+    if HAS_STOP_MASK:
+        banned = tl.load(stop_mask_ptr + n * stride_mn + cols, mask=valid, other=0)
+        masked = tl.where(banned != 0, -float("inf"), scaled)
+    return scaled, masked
 
 
-# position_offset takes the values 0..k-1 of a multi-step launch: not specialised (1 would be a constant of its own),
-# so the split kernel compiles once per flag combination, not three times.
+@triton.jit
+def _tile_stats_kernel(
+    logits_ptr,
+    temperature_ptr,
+    stop_mask_ptr,
+    max_ptr,
+    sumexp_ptr,
+    masked_sumexp_ptr,
+    best_ptr,
+    index_ptr,
+    stride_ln,
+    stride_mn,
+    V,
+    num_tiles,
+    tiles_per_split,
+    BLOCK: tl.constexpr,
+    HAS_STOP_MASK: tl.constexpr,
+):
+    n = tl.program_id(0).to(tl.int64)  # n * stride can pass 2**31 at large batch
+    split = tl.program_id(1)
+    temperature = tl.load(temperature_ptr + n)
+    temperature = tl.where(temperature == 0.0, 1.0, temperature)  # greedy rows: raw logits
+    offs = tl.arange(0, BLOCK)
+    first = split * tiles_per_split
+    for tile in range(first, tl.minimum(first + tiles_per_split, num_tiles)):
+        cols = tile * BLOCK + offs
+        scaled, masked = _scaled_tile(
+            logits_ptr, stop_mask_ptr, n, stride_ln, stride_mn, cols, V, temperature, HAS_STOP_MASK
+        )
+        tile_max = tl.max(scaled, axis=0)  # finite: every tile starts inside the vocabulary
+        stat = n * num_tiles + tile
+        tl.store(max_ptr + stat, tile_max)
+        tl.store(sumexp_ptr + stat, tl.sum(tl.exp(scaled - tile_max), axis=0))
+        if HAS_STOP_MASK:
+            tl.store(masked_sumexp_ptr + stat, tl.sum(tl.exp(masked - tile_max), axis=0))
+        # An all -inf tile reports its first column, so an all-banned row gives token 0 like torch's argmax.
+        best = tl.max(masked, axis=0)
+        tl.store(best_ptr + stat, best)
+        tl.store(index_ptr + stat, tl.min(tl.where(masked == best, cols, V + BLOCK), axis=0))
+
+
+# position_offset takes the values 0..k-1 of a multi-step launch: not specialised (1 would be a constant of its own).
 @triton.jit(do_not_specialize=["position_offset"])
-def _sample_split_kernel(
+def _draw_kernel(
     logits_ptr,
     temperature_ptr,
     seed_ptr,
@@ -80,113 +127,83 @@ def _sample_split_kernel(
     position_ptr,
     position_offset,
     stop_mask_ptr,
-    max_part_ptr,
-    sumexp_part_ptr,
-    best_part_ptr,
-    index_part_ptr,
-    stride_ln,
-    stride_mn,
-    V,
-    chunk,
-    num_splits,
-    BLOCK: tl.constexpr,
-    HAS_STOP_MASK: tl.constexpr,
-    ALL_GREEDY: tl.constexpr,
-    PRECISE_LOG: tl.constexpr,
-):
-    n = tl.program_id(0).to(tl.int64)  # n * stride can pass 2**31 at large batch
-    split = tl.program_id(1)
-    temperature = tl.load(temperature_ptr + n)
-    greedy = temperature == 0.0
-    temperature = tl.where(greedy, 1.0, temperature)
-    # x / 1 is x exactly: the correctly rounded division (a dozen instructions an element) only where it can differ.
-    unit_temperature = temperature == 1.0
-    position = tl.load(position_ptr + n).to(tl.int64) + position_offset
-    key = _row_key(tl.load(seed_ptr + n).to(tl.int64), tl.load(sample_index_ptr + n).to(tl.int64), position)
-    start = split * chunk
-    end = tl.minimum(start + chunk, V)
-    offs = tl.arange(0, BLOCK)
-
-    row_max = tl.full((), -float("inf"), tl.float32)
-    row_sumexp = tl.full((), 0.0, tl.float32)
-    best_B = tl.full([BLOCK], -float("inf"), tl.float32)
-    index_B = start + offs  # an all -inf slice reports its first column, so an all-banned row gives 0 like torch
-    for col in range(start, end, BLOCK):
-        cols = col + offs
-        valid = cols < end
-        x = tl.load(logits_ptr + n * stride_ln + cols, mask=valid, other=0.0).to(tl.float32)
-        if unit_temperature:
-            scaled = tl.where(valid, x, -float("inf"))
-        else:
-            scaled = tl.where(valid, tl.math.div_rn(x, temperature), -float("inf"))
-        new_max = tl.maximum(row_max, tl.max(scaled, axis=0))
-        # The first tile of a slice always holds a valid column, so new_max is finite from here on.
-        row_sumexp = row_sumexp * tl.exp(row_max - new_max) + tl.sum(tl.exp(scaled - new_max), axis=0)
-        row_max = new_max
-        z = scaled
-        if HAS_STOP_MASK:
-            banned = tl.load(stop_mask_ptr + n * stride_mn + cols, mask=valid, other=0)
-            z = tl.where(banned != 0, -float("inf"), z)
-        if not ALL_GREEDY:
-            h = _mix32(key ^ _mix32(cols.to(tl.uint32)))
-            # 23 bits as odd multiples of 2**-24, exact in fp32, as in `counter_uniform`.
-            u = ((h >> 9) * 2 + 1).to(tl.float32) * (1.0 / 16777216.0)
-            gumbel = -_log(-_log(u, PRECISE_LOG), PRECISE_LOG)
-            z = tl.where(greedy, z, z + gumbel)
-        # Strictly greater: each lane keeps its first maximum, so ties go to the lowest column.
-        better = z > best_B
-        best_B = tl.where(better, z, best_B)
-        index_B = tl.where(better, cols, index_B)
-
-    best = tl.max(best_B, axis=0)
-    index = tl.min(tl.where(best_B == best, index_B, V), axis=0)
-    part = n * num_splits + split
-    tl.store(max_part_ptr + part, row_max)
-    tl.store(sumexp_part_ptr + part, row_sumexp)
-    tl.store(best_part_ptr + part, best)
-    tl.store(index_part_ptr + part, index)
-
-
-@triton.jit
-def _sample_reduce_kernel(
-    logits_ptr,
-    temperature_ptr,
-    max_part_ptr,
-    sumexp_part_ptr,
-    best_part_ptr,
-    index_part_ptr,
+    max_ptr,
+    sumexp_ptr,
+    masked_sumexp_ptr,
+    best_ptr,
+    index_ptr,
     tokens_ptr,
     logprobs_ptr,
     stride_ln,
+    stride_mn,
     V,
-    num_splits,
-    SPLITS_PAD: tl.constexpr,
+    num_tiles,
+    BLOCK: tl.constexpr,
+    TILES_PAD: tl.constexpr,
+    HAS_STOP_MASK: tl.constexpr,
+    ALL_GREEDY: tl.constexpr,
 ):
     n = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, SPLITS_PAD)
-    valid = offs < num_splits
-    part = n * num_splits + offs
-    max_S = tl.load(max_part_ptr + part, mask=valid, other=-float("inf"))
-    sumexp_S = tl.load(sumexp_part_ptr + part, mask=valid, other=0.0)
-    best_S = tl.load(best_part_ptr + part, mask=valid, other=-float("inf"))
-    index_S = tl.load(index_part_ptr + part, mask=valid, other=V)
-    row_max = tl.max(max_S, axis=0)
-    log_sumexp = tl.log(tl.sum(tl.where(valid, sumexp_S * tl.exp(max_S - row_max), 0.0), axis=0))
-    best = tl.max(best_S, axis=0)
-    # Splits cover ascending columns and each reports its first maximum: the lowest index wins ties.
-    token = tl.min(tl.where(valid & (best_S == best), index_S, V), axis=0)
+    tiles = tl.arange(0, TILES_PAD)
+    valid = tiles < num_tiles
+    stat = n * num_tiles + tiles
+    max_T = tl.load(max_ptr + stat, mask=valid, other=-float("inf"))
+    row_max = tl.max(max_T, axis=0)
+    scale_T = tl.exp(max_T - row_max)  # 0 on padding
+    sumexp_T = tl.load(sumexp_ptr + stat, mask=valid, other=0.0) * scale_T
+    log_sumexp = tl.log(tl.sum(sumexp_T, axis=0))
+
     temperature = tl.load(temperature_ptr + n)
-    temperature = tl.where(temperature == 0.0, 1.0, temperature)
+    greedy = temperature == 0.0
+    temperature = tl.where(greedy, 1.0, temperature)
+    best_T = tl.load(best_ptr + stat, mask=valid, other=-float("inf"))
+    index_T = tl.load(index_ptr + stat, mask=valid, other=V + BLOCK)
+    # Tiles cover ascending columns and each reports its first maximum: the lowest index wins ties.
+    token = tl.min(tl.where(best_T == tl.max(best_T, axis=0), index_T, V + BLOCK), axis=0)
+    if not ALL_GREEDY:
+        if not greedy:
+            if HAS_STOP_MASK:
+                mass_T = tl.load(masked_sumexp_ptr + stat, mask=valid, other=0.0) * scale_T
+            else:
+                mass_T = sumexp_T
+            position = tl.load(position_ptr + n).to(tl.int64) + position_offset
+            key = _row_key(tl.load(seed_ptr + n).to(tl.int64), tl.load(sample_index_ptr + n).to(tl.int64), position)
+            h = _mix32(key)
+            u = ((h >> 9) * 2 + 1).to(tl.float32) * (1.0 / 16777216.0)
+            total = tl.sum(mass_T, axis=0)
+            target = u * total
+            cum_T = tl.cumsum(mass_T, axis=0)
+            # The first tile whose cumulative mass passes the target; past the end by rounding: the last with mass.
+            tile = tl.min(tl.where(valid & (cum_T > target), tiles, TILES_PAD), axis=0)
+            last = tl.max(tl.where(mass_T > 0.0, tiles, -1), axis=0)
+            tile = tl.where(tile == TILES_PAD, last, tile)
+            tile = tl.maximum(tile, 0)  # no mass anywhere (all banned): token 0 below
+            at = tiles == tile
+            tile_max = tl.sum(tl.where(at, max_T, 0.0), axis=0)
+            tile_scale = tl.sum(tl.where(at, scale_T, 0.0), axis=0)
+            below = tl.sum(tl.where(at, cum_T - mass_T, 0.0), axis=0)
+            cols = tile * BLOCK + tl.arange(0, BLOCK)
+            _, masked = _scaled_tile(
+                logits_ptr, stop_mask_ptr, n, stride_ln, stride_mn, cols, V, temperature, HAS_STOP_MASK
+            )
+            weight = tl.exp(masked - tile_max)  # as the stats kernel summed it
+            cum = tl.cumsum(weight, axis=0) * tile_scale
+            drawn = tl.min(tl.where(cum > target - below, cols, V + BLOCK), axis=0)
+            last_col = tl.max(tl.where(weight > 0.0, cols, -1), axis=0)
+            drawn = tl.where(drawn == V + BLOCK, last_col, drawn)
+            token = tl.where(total > 0.0, drawn, 0)
     x = tl.load(logits_ptr + n * stride_ln + token).to(tl.float32)
+    if temperature != 1.0:
+        x = tl.math.div_rn(x, temperature)
     tl.store(tokens_ptr + n, token.to(tl.int64))
     # (x - max) - log(sum) as torch's log_softmax has it: x - (max + log(sum)) would round at the scale of max.
-    tl.store(logprobs_ptr + n, (tl.math.div_rn(x, temperature) - row_max) - log_sumexp)
+    tl.store(logprobs_ptr + n, (x - row_max) - log_sumexp)
 
 
-def choose_num_splits(num_rows: int, vocab_size: int, block: int, sm_count: int) -> int:
-    """Vocabulary splits per row, from shapes only: enough programs to fill the GPU, each at least one tile."""
+def choose_num_splits(num_rows: int, num_tiles: int, sm_count: int) -> int:
+    """Splits of a row's tiles, from shapes only: enough programs to fill the GPU, each at least one tile."""
     wanted = max(_MIN_SPLITS, math.ceil(_PROGRAMS_PER_SM * sm_count / max(num_rows, 1)))
-    return max(1, min(wanted, math.ceil(vocab_size / block)))
+    return max(1, min(wanted, num_tiles))
 
 
 def sample_triton(
@@ -204,19 +221,19 @@ def sample_triton(
 ) -> tuple[Tensor, Tensor]:
     """(token ids [N] int64, log-probs [N] float32) as `sample_reference` gives them for rows without top-k / top-p.
 
-    Row n's noise is keyed by (seed_N[n], sample_index_N[n], position_N[n] + position_offset), int64 tensors and a
-    host int (a multi-step decode launch's step); `logits_NV` may be any float dtype. The keyword arguments are
-    launch overrides for tests and benchmarks.
+    Row n's uniform is keyed by (seed_N[n], sample_index_N[n], position_N[n] + position_offset), int64 tensors and
+    a host int (a multi-step decode launch's step); `logits_NV` may be any float dtype. `block` is the tile width
+    (it groups the sums); `num_splits` and `num_warps` are launch overrides for tests and benchmarks.
     """
     N, V = logits_NV.shape
     assert logits_NV.stride(1) == 1, "logits rows must be contiguous"
     assert V < 2**31 and block & (block - 1) == 0
     device = logits_NV.device
+    num_tiles = cdiv(V, block)
     if num_splits is None:
-        num_splits = choose_num_splits(N, V, block, num_sms(device) if logits_NV.is_cuda else 1)
-    # Each split takes a whole number of tiles (so every split starts inside the vocabulary).
-    chunk = cdiv(cdiv(V, num_splits), block) * block
-    num_splits = cdiv(V, chunk)
+        num_splits = choose_num_splits(N, num_tiles, num_sms(device) if logits_NV.is_cuda else 1)
+    tiles_per_split = cdiv(num_tiles, num_splits)
+    num_splits = cdiv(num_tiles, tiles_per_split)
     tokens_N = torch.empty(N, dtype=torch.int64, device=device)
     logprobs_N = torch.empty(N, dtype=torch.float32, device=device)
     if N == 0:
@@ -226,44 +243,53 @@ def sample_triton(
     if stop_mask_NV is not None:
         assert stop_mask_NV.shape == (N, V) and stop_mask_NV.stride(1) == 1
         stop_mask = stop_mask_NV.view(torch.uint8)
-    parts = torch.empty(3, N, num_splits, dtype=torch.float32, device=device)
-    index_part = torch.empty(N, num_splits, dtype=torch.int32, device=device)
-    _sample_split_kernel[(N, num_splits)](
+    else:
+        stop_mask = logits_NV  # never read
+    stats = torch.empty(4, N, num_tiles, dtype=torch.float32, device=device)
+    index = torch.empty(N, num_tiles, dtype=torch.int32, device=device)
+    has_stop_mask = stop_mask_NV is not None
+    stride_mn = stop_mask.stride(0) if has_stop_mask else 0
+    _tile_stats_kernel[(N, num_splits)](
+        logits_NV,
+        temperature_N,
+        stop_mask,
+        stats[0],
+        stats[1],
+        stats[2],
+        stats[3],
+        index,
+        logits_NV.stride(0),
+        stride_mn,
+        V,
+        num_tiles,
+        tiles_per_split,
+        BLOCK=block,
+        HAS_STOP_MASK=has_stop_mask,
+        num_warps=num_warps,
+    )
+    _draw_kernel[(N,)](
         logits_NV,
         temperature_N,
         seed_N,
         sample_index_N,
         position_N,
         position_offset,
-        stop_mask if stop_mask_NV is not None else logits_NV,
-        parts[0],
-        parts[1],
-        parts[2],
-        index_part,
-        logits_NV.stride(0),
-        stop_mask.stride(0) if stop_mask_NV is not None else 0,
-        V,
-        chunk,
-        num_splits,
-        BLOCK=block,
-        HAS_STOP_MASK=stop_mask_NV is not None,
-        ALL_GREEDY=all_greedy,
-        PRECISE_LOG=logits_NV.is_cuda,
-        num_warps=num_warps,
-    )
-    _sample_reduce_kernel[(N,)](
-        logits_NV,
-        temperature_N,
-        parts[0],
-        parts[1],
-        parts[2],
-        index_part,
+        stop_mask,
+        stats[0],
+        stats[1],
+        stats[2],
+        stats[3],
+        index,
         tokens_N,
         logprobs_N,
         logits_NV.stride(0),
+        stride_mn,
         V,
-        num_splits,
-        SPLITS_PAD=max(2, next_power_of_2(num_splits)),
-        num_warps=1,
+        num_tiles,
+        BLOCK=block,
+        TILES_PAD=max(2, next_power_of_2(num_tiles)),
+        HAS_STOP_MASK=has_stop_mask,
+        ALL_GREEDY=all_greedy,
+        num_warps=4,
     )
     return tokens_N, logprobs_N

@@ -1,11 +1,15 @@
 """Token sampling on the logits' device: temperature, top-k, top-p, min_tokens, per-request seeds, log-probs.
 
-The only host sync per step is the caller reading the sampled ids. Randomness is counter-based: the uniform noise
-for vocabulary entry v of a row is a hash of (seed, sample index, output position, v) computed with integer tensor
-ops, and the token is drawn by the Gumbel-max trick, argmax(logits / T + Gumbel(u)), over the filtered
-distribution. A seeded sample therefore depends only on its own logits and counters — never on which other
-requests share the batch, how they are ordered, or how many steps ran before — and a generation continued after
-an abort draws the same noise as the uninterrupted one.
+The only host sync per step is the caller reading the sampled ids. Randomness is counter-based: each row draws one
+uniform u, a hash of (seed, sample index, output position) computed with integer tensor ops, and takes the token
+where u times the total mass falls in the cumulative distribution of the filtered probabilities (inverse-CDF
+sampling, token ids in ascending order). A seeded sample therefore depends only on its own logits and counters —
+never on which other requests share the batch, how they are ordered, or how many steps ran before — and a
+generation continued after an abort draws the same u as the uninterrupted one.
+
+Precision: the reference sums the distribution in float64; the fused Triton kernel in fp32, per 1024-token tile and
+then across tiles. The two pick different tokens only when u falls within float rounding (~1e-6 of the mass) of a
+boundary between two tokens' intervals; a token's probability is resolved to the uniform's 2**-23 steps.
 
 Log-probs: `logprobs_N` is log_softmax(logits / T) of the sampled token under the FULL temperature-scaled
 distribution, before top-k / top-p truncation and min_tokens masking (T = 0 uses the raw logits). That is the
@@ -24,7 +28,7 @@ from torch import Tensor
 _MASK32 = 0xFFFFFFFF
 # Odd multipliers below 2**31: a 32-bit value times one of them stays below 2**63, so int64 tensor arithmetic
 # never overflows and the hash is the same on every device. Masking each product to 32 bits is uint32 wraparound:
-# `nonstop.kernels.sampling_triton` recomputes the per-token half of the hash in uint32 and gets the same bits.
+# `nonstop.kernels.sampling_triton` recomputes the hash in uint32 and gets the same bits.
 _M1, _M2 = 0x7FEB352D, 0x2C1B3C6D
 
 
@@ -45,13 +49,26 @@ def counter_row_key(seed_N: Tensor, sample_index_N: Tensor, position_N: Tensor) 
     return _mix32(h_N ^ (position_N & _MASK32))
 
 
-def counter_uniform(seed_N: Tensor, sample_index_N: Tensor, position_N: Tensor, vocab_size: int) -> Tensor:
-    """Uniform noise in (0, 1), float32 [N, V], a pure function of (seed, sample index, position, token id)."""
-    h_N = counter_row_key(seed_N, sample_index_N, position_N)
-    token_V = torch.arange(vocab_size, device=seed_N.device, dtype=torch.int64)
-    h_NV = _mix32(h_N[:, None] ^ _mix32(token_V)[None, :])
-    # 23 bits as odd multiples of 2**-24: exactly representable in fp32, never 0 or 1, so both logs stay finite.
-    return ((h_NV >> 9) * 2 + 1).float() * (1.0 / 2**24)
+def counter_row_uniform(seed_N: Tensor, sample_index_N: Tensor, position_N: Tensor) -> Tensor:
+    """The row's uniform in (0, 1), float32 [N], a pure function of (seed, sample index, position)."""
+    h_N = _mix32(counter_row_key(seed_N, sample_index_N, position_N))
+    # 23 bits as odd multiples of 2**-24: exactly representable in fp32, never 0 or 1.
+    return ((h_N >> 9) * 2 + 1).float() * (1.0 / 2**24)
+
+
+def inverse_cdf_draw(masked_NV: Tensor, u_N: Tensor) -> Tensor:
+    """Token ids [N]: the first token whose cumulative probability under softmax(masked_NV) exceeds u; -inf entries
+    have no mass. Rounding can put u past the last boundary: then the last token with mass. A row with no finite
+    entry gets token 0 (as an argmax of an all -inf row)."""
+    allowed_N = torch.isfinite(masked_NV).any(dim=-1)
+    probs_NV = masked_NV.double().masked_fill(~allowed_N[:, None], 0.0).softmax(dim=-1)
+    probs_NV = probs_NV.masked_fill(~torch.isfinite(masked_NV), 0.0)
+    cdf_NV = probs_NV.cumsum(dim=-1)
+    target_N1 = (u_N.double() * cdf_NV[:, -1])[:, None]
+    first_N = torch.searchsorted(cdf_NV, target_N1, right=True).squeeze(-1)
+    rank_V = torch.arange(masked_NV.shape[-1], device=masked_NV.device)
+    last_N = torch.where(probs_NV > 0, rank_V, -1).amax(dim=-1)
+    return torch.where(allowed_N, torch.minimum(first_N, last_N), 0)
 
 
 @dataclass
@@ -96,8 +113,8 @@ def sample(logits_NV: Tensor, t: SamplingTensors) -> tuple[Tensor, Tensor]:
     """Returns (token ids [N] int64, log-prob of each under log_softmax(logits / T)) without syncing the host.
 
     On CUDA, a batch where no sampled row uses top-k or top-p (the usual RL setting) goes to the fused Triton
-    kernel, which reads the logits once and draws the same tokens as `sample_reference`; otherwise, and on CPU,
-    the whole batch takes `sample_reference`."""
+    kernel, which reads the logits once and draws what `sample_reference` draws (up to the rounding the module
+    docstring describes); otherwise, and on CPU, the whole batch takes `sample_reference`."""
     if logits_NV.is_cuda and not (t.any_top_k or t.any_top_p):
         from nonstop.kernels.sampling_triton import sample_triton
 
@@ -130,7 +147,6 @@ def sample_reference(logits_NV: Tensor, t: SamplingTensors) -> tuple[Tensor, Ten
         if t.any_top_k or t.any_top_p:
             removed_NV = top_k_top_p_mask(scaled_NV, t.top_k_N, t.top_p_N, t.any_top_k, t.any_top_p)
             scaled_NV = scaled_NV.masked_fill(removed_NV, float("-inf"))
-        u_NV = counter_uniform(t.seed_N, t.sample_index_N, t.position_N + t.position_offset, logits_NV.shape[-1])
-        gumbel_NV = -torch.log(-torch.log(u_NV))
-        tokens_N = torch.where(greedy_N, greedy_tokens_N, (scaled_NV + gumbel_NV).argmax(dim=-1))
+        u_N = counter_row_uniform(t.seed_N, t.sample_index_N, t.position_N + t.position_offset)
+        tokens_N = torch.where(greedy_N, greedy_tokens_N, inverse_cdf_draw(scaled_NV, u_N))
     return tokens_N, logprobs_NV.gather(-1, tokens_N[:, None]).squeeze(-1)
