@@ -13,7 +13,7 @@ LENGTHS = [5, 17, 33, 1, 12, 9, 26, 3]
 # Greedy and seeded sampling (top-k, top-p), max_tokens from 5 to 30, stop ids, EOS, min_tokens, ignore_eos, n > 1.
 SETTINGS = [
     dict(temperature=0.0, max_tokens=20),
-    dict(temperature=1.0, max_tokens=16, stop_token_ids=[47], seed=1),
+    dict(temperature=1.0, max_tokens=16, stop_token_ids=[45], seed=1),
     dict(temperature=0.8, max_tokens=24, n=3, seed=2),
     dict(temperature=1.0, max_tokens=5, top_k=20, seed=3),
     dict(temperature=0.0, max_tokens=30, stop_token_ids=[11], min_tokens=4),

@@ -68,18 +68,24 @@ def test_bf16_cuda_graphs_equal_eager_and_logprobs_match_a_full_forward():
     with torch.no_grad():
         ids = torch.tensor([t for p, c in seqs for t in p + c.token_ids], device="cuda")
         h = model(ids, packed_positions(lengths, "cuda"), PackedAttention.from_lengths(lengths, "cuda"))
-        logprobs = model.compute_logits(h).float().log_softmax(-1)
-    offset, diffs = 0, []
+        logits = model.compute_logits(h).float()
+        logprobs = logits.log_softmax(-1)
+        # bf16's spacing at each position's largest logit: the two paths round logits at that resolution.
+        spacing = torch.exp2(torch.floor(torch.log2(logits.abs().amax(-1))) - 7).cpu()
+    offset, diffs, spacings = 0, [], []
     for (prompt, c), length in zip(seqs, lengths, strict=True):
         pos = torch.arange(offset + len(prompt) - 1, offset + length - 1, device="cuda")
         expected = logprobs[pos, torch.tensor(c.token_ids, device="cuda")].cpu()
         diffs.append((torch.tensor(c.logprobs) - expected).abs())
+        spacings.append(spacing[pos.cpu()])
         offset += length
-    diff = torch.cat(diffs)
+    diff, spacing = torch.cat(diffs), torch.cat(spacings)
     # bf16 kernels differ (paged decode vs packed FlashAttention): the requirement is a mean abs difference within
-    # 2e-2 over every sampled token of every sequence, with no single token far off.
+    # 2e-2 over every sampled token of every sequence, with no single token off by more than a few bf16 steps of
+    # its largest logit (a log-prob is a logit less the log-sum-exp, each rounded at that scale on both paths).
     assert diff.mean() <= 2e-2, f"mean abs {diff.mean():.4f}, max {diff.max():.4f} over {diff.numel()} tokens"
-    assert diff.max() <= 0.25, f"max abs {diff.max():.4f}"
+    worst = int((diff / spacing).argmax())
+    assert diff[worst] <= 4 * spacing[worst], f"max abs {diff[worst]:.4f} where bf16's step is {spacing[worst]:.4f}"
 
 
 @pytest.mark.gpu

@@ -7,7 +7,7 @@ sampling, token ids in ascending order). A seeded sample therefore depends only 
 never on which other requests share the batch, how they are ordered, or how many steps ran before — and a
 generation continued after an abort draws the same u as the uninterrupted one.
 
-Precision: the reference sums the distribution in float64; the fused Triton kernel in fp32, per 1024-token tile and
+Precision: the reference sums the distribution in float64; the fused Triton kernel in fp32, per 2048-token tile and
 then across tiles. The two pick different tokens only when u falls within float rounding (~1e-6 of the mass) of a
 boundary between two tokens' intervals; a token's probability is resolved to the uniform's 2**-23 steps.
 
