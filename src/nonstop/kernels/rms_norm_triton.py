@@ -17,8 +17,10 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.language.extra.cuda import gdc_wait
 
 from nonstop.kernels.grid import cdiv, next_power_of_2
+from nonstop.kernels.pdl import use_pdl
 
 # Elements per program: enough rows that a 128-wide head norm is not one tiny program per row.
 _TILE_ELEMENTS = 2048
@@ -41,7 +43,10 @@ def _rms_norm_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
     ADD_RESIDUAL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # launched before the previous kernel finished: wait for its writes (kernels/pdl.py)
+        gdc_wait()
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows < num_rows)[:, None] & (cols < D)[None, :]
@@ -75,6 +80,7 @@ def _launch(
     BLOCK_D = next_power_of_2(D)
     BLOCK_R = max(1, _TILE_ELEMENTS // BLOCK_D)
     num_warps = min(16, max(4, BLOCK_R * BLOCK_D // 1024))
+    pdl = use_pdl(x_RD)
     _rms_norm_kernel[(cdiv(R, BLOCK_R),)](
         x_RD,
         residual_RD,
@@ -91,7 +97,9 @@ def _launch(
         BLOCK_R,
         BLOCK_D,
         add,
+        PDL=pdl,
         num_warps=num_warps,
+        launch_pdl=pdl,
     )
 
 

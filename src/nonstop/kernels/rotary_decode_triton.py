@@ -30,9 +30,11 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.language.extra.cuda import gdc_wait
 
 from nonstop.kernels.grid import next_power_of_2
 from nonstop.kernels.paged_decode_triton import _tile_tokens, attend_tiles
+from nonstop.kernels.pdl import use_pdl
 
 
 @triton.jit
@@ -86,7 +88,10 @@ def _rotary_decode_kernel(
     PAGE_SIZE: tl.constexpr,
     TILE_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # launched before the previous kernel finished: wait for its writes (kernels/pdl.py)
+        gdc_wait()
     n = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     context_len = tl.load(context_lens_ptr + n)
@@ -168,6 +173,7 @@ def rotary_decode_attention_triton(
     if N == 0:
         return o_NHE
     fp32 = q_NHE.dtype == torch.float32
+    pdl = use_pdl(q_NHE)
     _rotary_decode_kernel[(N, K)](
         q_NHE,
         k_NKE,
@@ -200,8 +206,10 @@ def rotary_decode_attention_triton(
         PAGE_SIZE=B,
         TILE_N=_tile_tokens(E),
         DOT_PRECISION="ieee" if fp32 else "tf32",
+        PDL=pdl,
         num_warps=num_warps,
         num_stages=num_stages,
         enable_fp_fusion=False,
+        launch_pdl=pdl,
     )
     return o_NHE

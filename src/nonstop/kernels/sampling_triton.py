@@ -2,15 +2,16 @@
 
 Legend: N rows (one per sample drawn), V vocabulary, T tiles of BLOCK tokens per row, S splits of a row's tiles.
 
-It draws what `nonstop.rollout.sampler.sample_reference` draws, reading the logits once. `_tile_stats_kernel` runs
-one program per (row, split) and writes, for every tile of its split, the max m of logits / T, the sum of
-exp(logits / T - m) over the tile, the same sum with stop-masked tokens left out, and the tile's (stop-masked)
-argmax for greedy rows. The numbers depend only on the tile's contents, never on the split count, so a draw does
-not depend on the launch configuration (or on the batch). `_draw_kernel` runs one program per row: it rescales the
-tile sums to the row max, takes the log-sum-exp, hashes the row's uniform u (`counter_row_uniform`, from the seed,
-sample index and position + `position_offset`), finds the tile whose cumulative masked mass passes u times the
-total, re-reads only that tile for the token, and writes the token and its log-prob logits[token] / T - logsumexp
-over the full (unmasked) distribution. Greedy rows (T = 0) take the argmax of the raw logits, lowest id on ties.
+It draws what `nonstop.rollout.sampler.sample_reference` draws, reading the logits once.
+`_sample_tile_stats_kernel` runs one program per (row, split) and writes, for every tile of its split, the max m
+of logits / T, the sum of exp(logits / T - m) over the tile, the same sum with stop-masked tokens left out, and the
+tile's (stop-masked) argmax for greedy rows. The numbers depend only on the tile's contents, never on the split
+count, so a draw does not depend on the launch configuration (or on the batch). `_sample_draw_kernel` runs one
+program per row: it rescales the tile sums to the row max, takes the log-sum-exp, hashes the row's uniform u
+(`counter_row_uniform`, from the seed, sample index and position + `position_offset`), finds the tile whose
+cumulative masked mass passes u times the total, re-reads only that tile for the token, and writes the token and
+its log-prob logits[token] / T - logsumexp over the full (unmasked) distribution. Greedy rows (T = 0) take the
+argmax of the raw logits, lowest id on ties.
 
 The previous kernel drew by Gumbel-max and hashed a uniform per vocabulary entry: 151,936 hashes and two logs per
 row made it bound by arithmetic (139 µs at 256 rows on an H200). Here the arithmetic per entry is one exp, and the
@@ -21,6 +22,7 @@ pick neighbouring tokens when u falls within that rounding of a boundary (tests 
 case). The division by T is correctly rounded (`div_rn`, Triton's plain `/` is approximate) and skipped at T = 1.
 
 CUDA-graph safety: the launch (grid, tile sizes, buffers) depends only on shapes and the device; nothing syncs.
+Both kernels launch with PDL where the device has it (kernels/pdl.py).
 The hash multiplies wrap around on purpose: Triton's debug mode (`TRITON_DEBUG=1`) flags them as overflows.
 """
 
@@ -28,8 +30,10 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.language.extra.cuda import gdc_wait
 
 from nonstop.kernels.grid import cdiv, next_power_of_2
+from nonstop.kernels.pdl import use_pdl
 
 # The tile width sets how the sums are grouped, so it is part of the numerics; the split count is not. H200,
 # 151,936-token vocabulary, 256 rows of bf16 logits (scripts/gpu/decode_probe.py, 2026-12-01): 2048-wide tiles,
@@ -76,7 +80,7 @@ def _scaled_tile(logits_ptr, stop_mask_ptr, n, stride_ln, stride_mn, cols, V, te
 
 
 @triton.jit
-def _tile_stats_kernel(
+def _sample_tile_stats_kernel(
     logits_ptr,
     temperature_ptr,
     stop_mask_ptr,
@@ -92,7 +96,10 @@ def _tile_stats_kernel(
     tiles_per_split,
     BLOCK: tl.constexpr,
     HAS_STOP_MASK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # launched before the previous kernel finished: wait for its writes (kernels/pdl.py)
+        gdc_wait()
     n = tl.program_id(0).to(tl.int64)  # n * stride can pass 2**31 at large batch
     split = tl.program_id(1)
     temperature = tl.load(temperature_ptr + n)
@@ -118,7 +125,7 @@ def _tile_stats_kernel(
 
 # position_offset takes the values 0..k-1 of a multi-step launch: not specialised (1 would be a constant of its own).
 @triton.jit(do_not_specialize=["position_offset"])
-def _draw_kernel(
+def _sample_draw_kernel(
     logits_ptr,
     temperature_ptr,
     seed_ptr,
@@ -141,7 +148,10 @@ def _draw_kernel(
     TILES_PAD: tl.constexpr,
     HAS_STOP_MASK: tl.constexpr,
     ALL_GREEDY: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_wait()
     n = tl.program_id(0).to(tl.int64)
     tiles = tl.arange(0, TILES_PAD)
     valid = tiles < num_tiles
@@ -247,8 +257,9 @@ def sample_triton(
     stats = torch.empty(4, N, num_tiles, dtype=torch.float32, device=device)
     index = torch.empty(N, num_tiles, dtype=torch.int32, device=device)
     has_stop_mask = stop_mask_NV is not None
+    pdl = use_pdl(logits_NV)
     stride_mn = stop_mask.stride(0) if has_stop_mask else 0
-    _tile_stats_kernel[(N, num_splits)](
+    _sample_tile_stats_kernel[(N, num_splits)](
         logits_NV,
         temperature_N,
         stop_mask,
@@ -264,9 +275,11 @@ def sample_triton(
         tiles_per_split,
         BLOCK=block,
         HAS_STOP_MASK=has_stop_mask,
+        PDL=pdl,
         num_warps=num_warps,
+        launch_pdl=pdl,
     )
-    _draw_kernel[(N,)](
+    _sample_draw_kernel[(N,)](
         logits_NV,
         temperature_N,
         seed_N,
@@ -289,6 +302,8 @@ def sample_triton(
         TILES_PAD=max(2, next_power_of_2(num_tiles)),
         HAS_STOP_MASK=has_stop_mask,
         ALL_GREEDY=all_greedy,
+        PDL=pdl,
         num_warps=4,
+        launch_pdl=pdl,
     )
     return tokens_N, logprobs_N

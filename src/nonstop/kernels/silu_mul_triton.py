@@ -16,8 +16,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 from triton.language.extra import libdevice
+from triton.language.extra.cuda import gdc_wait
 
 from nonstop.kernels.grid import cdiv
+from nonstop.kernels.pdl import use_pdl
 
 _BLOCK = 1024
 
@@ -33,7 +35,10 @@ def _silu_and_mul_kernel(
     num_cols,
     BLOCK: tl.constexpr,
     LIBDEVICE_EXP: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # launched before the previous kernel finished: wait for its writes (kernels/pdl.py)
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < num_cols
@@ -59,6 +64,7 @@ def silu_and_mul_triton(gate: Tensor, up: Tensor) -> Tensor:
     if out_RI.numel() == 0:
         return out_RI.view(gate.shape)
     grid = (out_RI.shape[0], cdiv(num_cols, _BLOCK))
+    pdl = use_pdl(gate_RI)
     _silu_and_mul_kernel[grid](
         gate_RI,
         up_RI,
@@ -69,6 +75,8 @@ def silu_and_mul_triton(gate: Tensor, up: Tensor) -> Tensor:
         num_cols,
         _BLOCK,
         LIBDEVICE_EXP=gate.is_cuda,
+        PDL=pdl,
         num_warps=4,
+        launch_pdl=pdl,
     )
     return out_RI.view(gate.shape)
