@@ -67,6 +67,8 @@ def environment(device: torch.device | None = None) -> dict:
         "transformers": transformers.__version__,
         "python": platform.python_version(),
         "git_commit": _git_commit(),
+        # Whether the decode step's Triton kernels launched with PDL (kernels/pdl.py; NONSTOP_PDL=0 turns it off).
+        "pdl": os.environ.get("NONSTOP_PDL", "1") != "0",
     }
     try:
         import triton
