@@ -8,8 +8,8 @@
 #   rollout  engine vs transformers.generate (issue 3); with BASE_SRC also the same bench on another commit's src/
 #            (`git archive <rev> src | tar -x -C .base`), for an A/B in one session
 #   engine_ab  a branch's engine (the tree) against BASE_SRC: its decode-kernel, engine and cascade GPU tests, then
-#            `bench rollout` k = 1 and 8 on both (transformers only on the tree's side); if the tests fail, the steps
-#            after it run on BASE_SRC
+#            `bench rollout` k = 1 and 8 on both (transformers only on the tree's side); a test failure is reported
+#            and the A/B still runs on both trees
 #   rollout_tests  `pytest -m gpu tests/rollout` alone (engine, cascade, whole-launch graphs, KV sizing and cap)
 #   retest   GPU tests not yet run alone (engine, async, cascade engine, critic prefix grouping, critic, resume)
 #   trainer  GRPO step vs TRL 1.16 (issue 4), plus nonstop with k = 1 and with the KV cache resident in the same run
@@ -62,7 +62,7 @@ for step in ${STEPS:-tests rollout}; do case $step in
   engine_ab)
     if ! gpu_test t_engine 200 tests/kernels/test_sampling_triton.py tests/kernels/test_advance_decode.py \
         tests/kernels/test_rotary_cache.py tests/rollout/test_engine_gpu.py tests/rollout/test_cascade_engine.py; then
-      echo "engine tests failed: the steps after this one run on $BASE_SRC"; export PYTHONPATH=/tmp/site:$PWD/$BASE_SRC
+      echo "WARNING: engine tests failed; the A/B below still measures the tree (see t_engine.log)"
     fi
     t b_rollout_base 120 env PYTHONPATH=/tmp/site:$PWD/$BASE_SRC python3 -m nonstop bench rollout \
       --shapes qwen2.5-0.5b --workloads fixed --num-scheduler-steps 1,8 --transformers '' --out "$OUT/rollout-base.json"
