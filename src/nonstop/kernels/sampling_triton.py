@@ -111,14 +111,19 @@ def _sample_tile_stats_kernel(
         scaled, masked = _scaled_tile(
             logits_ptr, stop_mask_ptr, n, stride_ln, stride_mn, cols, V, temperature, HAS_STOP_MASK
         )
-        tile_max = tl.max(scaled, axis=0)  # finite: every tile starts inside the vocabulary
+        tile_max = tl.max(scaled, axis=0)
+        # A tile of -inf logits sums to 0 (not exp(-inf - -inf) = NaN).
+        tile_ref = tl.where(tile_max == -float("inf"), 0.0, tile_max)
         stat = n * num_tiles + tile
         tl.store(max_ptr + stat, tile_max)
-        tl.store(sumexp_ptr + stat, tl.sum(tl.exp(scaled - tile_max), axis=0))
-        if HAS_STOP_MASK:
-            tl.store(masked_sumexp_ptr + stat, tl.sum(tl.exp(masked - tile_max), axis=0))
+        tl.store(sumexp_ptr + stat, tl.sum(tl.exp(scaled - tile_ref), axis=0))
         # An all -inf tile reports its first column, so an all-banned row gives token 0 like torch's argmax.
         best = tl.max(masked, axis=0)
+        if HAS_STOP_MASK:
+            # Relative to the tile's largest allowed logit: a banned token far above the allowed ones (a confident
+            # EOS under min_tokens at low temperature) must not underflow their weights to 0.
+            best_ref = tl.where(best == -float("inf"), 0.0, best)
+            tl.store(masked_sumexp_ptr + stat, tl.sum(tl.exp(masked - best_ref), axis=0))
         tl.store(best_ptr + stat, best)
         tl.store(index_ptr + stat, tl.min(tl.where(masked == best, cols, V + BLOCK), axis=0))
 
@@ -171,10 +176,16 @@ def _sample_draw_kernel(
     token = tl.min(tl.where(best_T == tl.max(best_T, axis=0), index_T, V + BLOCK), axis=0)
     if not ALL_GREEDY:
         if not greedy:
+            # The draw's weights: the allowed tokens', each tile's sum rescaled to the row's largest allowed logit.
             if HAS_STOP_MASK:
-                mass_T = tl.load(masked_sumexp_ptr + stat, mask=valid, other=0.0) * scale_T
+                allowed_max = tl.max(best_T, axis=0)
+                draw_scale_T = tl.exp(best_T - tl.where(allowed_max == -float("inf"), 0.0, allowed_max))
+                mass_T = tl.load(masked_sumexp_ptr + stat, mask=valid, other=0.0) * draw_scale_T
+                tile_ref_T = tl.where(best_T == -float("inf"), 0.0, best_T)
             else:
+                draw_scale_T = scale_T
                 mass_T = sumexp_T
+                tile_ref_T = tl.where(max_T == -float("inf"), 0.0, max_T)
             position = tl.load(position_ptr + n).to(tl.int64) + position_offset
             key = _row_key(tl.load(seed_ptr + n).to(tl.int64), tl.load(sample_index_ptr + n).to(tl.int64), position)
             h = _mix32(key)
@@ -188,16 +199,19 @@ def _sample_draw_kernel(
             tile = tl.where(tile == TILES_PAD, last, tile)
             tile = tl.maximum(tile, 0)  # no mass anywhere (all banned): token 0 below
             at = tiles == tile
-            tile_max = tl.sum(tl.where(at, max_T, 0.0), axis=0)
-            tile_scale = tl.sum(tl.where(at, scale_T, 0.0), axis=0)
+            tile_ref = tl.sum(tl.where(at, tile_ref_T, 0.0), axis=0)
+            tile_scale = tl.sum(tl.where(at, draw_scale_T, 0.0), axis=0)
+            # The mass before the tile; fp32's (cum - mass) can land a rounding above the target, hence the clamp.
             below = tl.sum(tl.where(at, cum_T - mass_T, 0.0), axis=0)
+            rest = tl.maximum(target - below, 0.0)
             cols = tile * BLOCK + tl.arange(0, BLOCK)
             _, masked = _scaled_tile(
                 logits_ptr, stop_mask_ptr, n, stride_ln, stride_mn, cols, V, temperature, HAS_STOP_MASK
             )
-            weight = tl.exp(masked - tile_max)  # as the stats kernel summed it
+            weight = tl.exp(masked - tile_ref)  # as the stats kernel summed it
             cum = tl.cumsum(weight, axis=0) * tile_scale
-            drawn = tl.min(tl.where(cum > target - below, cols, V + BLOCK), axis=0)
+            # Only a token with weight can be drawn (a banned one has none).
+            drawn = tl.min(tl.where((cum > rest) & (weight > 0.0), cols, V + BLOCK), axis=0)
             last_col = tl.max(tl.where(weight > 0.0, cols, -1), axis=0)
             drawn = tl.where(drawn == V + BLOCK, last_col, drawn)
             token = tl.where(total > 0.0, drawn, 0)
