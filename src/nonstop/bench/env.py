@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from nonstop.kernels.pdl import pdl_requested
+
 
 def _median_seconds(work: Callable[[], object], repeats: int = 12, skip: int = 2) -> float:
     """Median device seconds of `work()` between CUDA events, over `repeats` calls after the first `skip`."""
@@ -68,7 +70,7 @@ def environment(device: torch.device | None = None) -> dict:
         "python": platform.python_version(),
         "git_commit": _git_commit(),
         # Whether the decode step's Triton kernels launched with PDL (kernels/pdl.py; NONSTOP_PDL=0 turns it off).
-        "pdl": os.environ.get("NONSTOP_PDL", "1") != "0",
+        "pdl": pdl_requested(),
     }
     try:
         import triton

@@ -26,6 +26,11 @@ def _capable(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index) >= (9, 0)
 
 
+def pdl_requested() -> bool:
+    """Whether this process launches with PDL where the device has it (NONSTOP_PDL unset or not 0)."""
+    return _ENABLED
+
+
 def use_pdl(t: Tensor) -> bool:
     """Whether kernels reading `t` launch with PDL: on a CUDA device of compute capability 9.0 or later, unless
     NONSTOP_PDL=0. The CPU interpreter never does."""

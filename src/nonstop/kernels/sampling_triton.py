@@ -64,6 +64,13 @@ def _row_key(seed, sample_index, position):
 
 
 @triton.jit
+def _finite_or_zero(x):
+    """A max to subtract before exp: -inf (a tile or row with nothing in it) becomes 0, so exp(-inf - it) is 0
+    rather than exp(-inf - -inf) = NaN."""
+    return tl.where(x == -float("inf"), 0.0, x)
+
+
+@triton.jit
 def _scaled_tile(logits_ptr, stop_mask_ptr, n, stride_ln, stride_mn, cols, V, temperature, HAS_STOP_MASK: tl.constexpr):
     """(logits / T, the same with stop-masked tokens at -inf) over one tile, -inf past the vocabulary."""
     valid = cols < V
@@ -112,18 +119,15 @@ def _sample_tile_stats_kernel(
             logits_ptr, stop_mask_ptr, n, stride_ln, stride_mn, cols, V, temperature, HAS_STOP_MASK
         )
         tile_max = tl.max(scaled, axis=0)
-        # A tile of -inf logits sums to 0 (not exp(-inf - -inf) = NaN).
-        tile_ref = tl.where(tile_max == -float("inf"), 0.0, tile_max)
         stat = n * num_tiles + tile
         tl.store(max_ptr + stat, tile_max)
-        tl.store(sumexp_ptr + stat, tl.sum(tl.exp(scaled - tile_ref), axis=0))
+        tl.store(sumexp_ptr + stat, tl.sum(tl.exp(scaled - _finite_or_zero(tile_max)), axis=0))
         # An all -inf tile reports its first column, so an all-banned row gives token 0 like torch's argmax.
         best = tl.max(masked, axis=0)
         if HAS_STOP_MASK:
             # Relative to the tile's largest allowed logit: a banned token far above the allowed ones (a confident
             # EOS under min_tokens at low temperature) must not underflow their weights to 0.
-            best_ref = tl.where(best == -float("inf"), 0.0, best)
-            tl.store(masked_sumexp_ptr + stat, tl.sum(tl.exp(masked - best_ref), axis=0))
+            tl.store(masked_sumexp_ptr + stat, tl.sum(tl.exp(masked - _finite_or_zero(best)), axis=0))
         tl.store(best_ptr + stat, best)
         tl.store(index_ptr + stat, tl.min(tl.where(masked == best, cols, V + BLOCK), axis=0))
 
@@ -163,9 +167,8 @@ def _sample_draw_kernel(
     stat = n * num_tiles + tiles
     max_T = tl.load(max_ptr + stat, mask=valid, other=-float("inf"))
     row_max = tl.max(max_T, axis=0)
-    scale_T = tl.exp(max_T - row_max)  # 0 on padding
-    sumexp_T = tl.load(sumexp_ptr + stat, mask=valid, other=0.0) * scale_T
-    log_sumexp = tl.log(tl.sum(sumexp_T, axis=0))
+    tile_sumexp_T = tl.load(sumexp_ptr + stat, mask=valid, other=0.0)  # each relative to its tile's max
+    log_sumexp = tl.log(tl.sum(tile_sumexp_T * tl.exp(max_T - row_max), axis=0))  # padding: exp(-inf) = 0
 
     temperature = tl.load(temperature_ptr + n)
     greedy = temperature == 0.0
@@ -176,16 +179,15 @@ def _sample_draw_kernel(
     token = tl.min(tl.where(best_T == tl.max(best_T, axis=0), index_T, V + BLOCK), axis=0)
     if not ALL_GREEDY:
         if not greedy:
-            # The draw's weights: the allowed tokens', each tile's sum rescaled to the row's largest allowed logit.
+            # The draw's weights: the allowed tokens', each tile's sum (relative to its largest allowed logit, which
+            # is its max without a stop mask) rescaled to the row's largest allowed logit.
             if HAS_STOP_MASK:
-                allowed_max = tl.max(best_T, axis=0)
-                draw_scale_T = tl.exp(best_T - tl.where(allowed_max == -float("inf"), 0.0, allowed_max))
-                mass_T = tl.load(masked_sumexp_ptr + stat, mask=valid, other=0.0) * draw_scale_T
-                tile_ref_T = tl.where(best_T == -float("inf"), 0.0, best_T)
+                allowed_sumexp_T = tl.load(masked_sumexp_ptr + stat, mask=valid, other=0.0)
             else:
-                draw_scale_T = scale_T
-                mass_T = sumexp_T
-                tile_ref_T = tl.where(max_T == -float("inf"), 0.0, max_T)
+                allowed_sumexp_T = tile_sumexp_T
+            draw_scale_T = tl.exp(best_T - _finite_or_zero(tl.max(best_T, axis=0)))
+            mass_T = allowed_sumexp_T * draw_scale_T
+            tile_ref_T = _finite_or_zero(best_T)
             position = tl.load(position_ptr + n).to(tl.int64) + position_offset
             key = _row_key(tl.load(seed_ptr + n).to(tl.int64), tl.load(sample_index_ptr + n).to(tl.int64), position)
             h = _mix32(key)

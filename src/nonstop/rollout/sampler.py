@@ -61,8 +61,8 @@ def inverse_cdf_draw(masked_NV: Tensor, u_N: Tensor) -> Tensor:
     have no mass. Rounding can put u past the last boundary: then the last token with mass. A row with no finite
     entry gets token 0 (as an argmax of an all -inf row)."""
     allowed_N = torch.isfinite(masked_NV).any(dim=-1)
-    probs_NV = masked_NV.double().masked_fill(~allowed_N[:, None], 0.0).softmax(dim=-1)
-    probs_NV = probs_NV.masked_fill(~torch.isfinite(masked_NV), 0.0)
+    # softmax of a row with nothing allowed is NaN: no mass there instead.
+    probs_NV = torch.where(allowed_N[:, None], masked_NV.double().softmax(dim=-1), 0.0)
     cdf_NV = probs_NV.cumsum(dim=-1)
     target_N1 = (u_N.double() * cdf_NV[:, -1])[:, None]
     first_N = torch.searchsorted(cdf_NV, target_N1, right=True).squeeze(-1)
