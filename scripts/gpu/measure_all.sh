@@ -97,7 +97,7 @@ for step in ${STEPS:-tests rollout}; do case $step in
   prefix_resp) t b_prefix_resp 150 python3 -m nonstop bench prefix --models qwen2.5-1.5b --prompt-lens 4096 \
     --response-lens 256,1024 --n 8 --out "$OUT/prefix-resp.json" ;;
   block_mask)
-    gpu_test t_block_mask 240 tests/models/test_prefix_attention.py tests/train/test_prefix_grouping.py \
+    gpu_test t_block_mask 240 tests/models/test_prefix_attention.py tests/batching/test_prefix_grouping.py \
       tests/trainer/test_critic_prefix_grouping.py
     t b_block_mask 120 python3 -m nonstop bench block-mask --out "$OUT/block-mask.json" ;;
   *) echo "unknown step $step" ;;

@@ -87,7 +87,7 @@ def idle_within(found: list[tuple[float, float]], start: float, end: float) -> f
 
 def phase_windows(events: list[dict]) -> list[tuple[str, float, float]]:
     """The step's generation and update as host spans: (name, start, end) of the first matching Python frame."""
-    wanted = [("generation", "sync_trainer.py", "_generate"), ("update", "actor.py", "update")]
+    wanted = [("generation", "generation.py", "generate"), ("update", "actor.py", "update")]
     out = []
     for label, file, func in wanted:
         for e in events:

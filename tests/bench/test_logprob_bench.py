@@ -9,7 +9,7 @@ import torch
 
 from nonstop.bench import logprob
 from nonstop.cli import main as cli_main
-from nonstop.train.logprob import chunked_logprobs_and_entropy
+from nonstop.models.logprob import chunked_logprobs_and_entropy
 
 TINY_ARGS = ["--tokens", "40", "--hidden", "16", "--vocab", "100", "--chunk-size", "16", "--warmup", "1"]
 TINY_ARGS += ["--iters", "3"]

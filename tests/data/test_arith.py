@@ -3,7 +3,8 @@ per its documented rule."""
 
 import pytest
 
-from nonstop.data.arith import DATA_SOURCE, PROMPT, all_problems, arith_rows, score_arith
+from nonstop.data.arith import DATA_SOURCE, PROMPT, all_problems, arith_rows
+from nonstop.rewards.arith import score_arith
 
 
 def test_same_seed_same_rows_other_seed_other_rows():
@@ -60,3 +61,12 @@ def test_bad_arguments():
 )
 def test_score_arith(response, truth, score):
     assert score_arith(response, truth) == score
+
+
+def test_the_registry_scores_the_task_by_its_data_source():
+    """The data source the rows carry is the one the built-in scorer is registered under."""
+    from nonstop.rewards import default_compute_score
+
+    row = arith_rows("train", size=1)[0]
+    assert default_compute_score(row.data_source, f"= {row.ground_truth}", row.ground_truth) == 1.0
+    assert default_compute_score(DATA_SOURCE, "x", row.ground_truth) == 0.0

@@ -11,7 +11,7 @@ import torch.multiprocessing as mp
 
 from nonstop.dist import destroy_process_group, init_process_group
 from nonstop.models import CausalLM, ModelConfig
-from nonstop.trainer import RolloutBatch, Sample
+from nonstop.batching.batch import RolloutBatch, Sample
 
 VOCAB = 32
 

@@ -12,8 +12,9 @@ from safetensors.torch import load_file, save_file
 
 from nonstop.config import load_config
 from nonstop.dist.fsdp import full_named_parameters, full_value, shard_model
-from nonstop.train import balance_across_ranks
-from nonstop.trainer import Actor, RolloutBatch
+from nonstop.batching.balancing import balance_across_ranks
+from nonstop.batching.batch import RolloutBatch
+from nonstop.trainer import Actor
 
 WORLD, PROMPTS, N = 2, 4, 3
 CASES = {  # name -> (tied embeddings, overrides)

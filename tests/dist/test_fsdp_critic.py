@@ -20,9 +20,9 @@ from nonstop.dist import DistInfo
 from nonstop.dist.collectives import sum_over_ranks
 from nonstop.dist.fsdp import full_named_parameters, shard_model
 from nonstop.models.critic_model import CriticModel
-from nonstop.train import balance_across_ranks
-from nonstop.trainer import RolloutBatch
-from nonstop.trainer.build import check_data_parallel, check_split
+from nonstop.batching.balancing import balance_across_ranks
+from nonstop.batching.batch import RolloutBatch
+from nonstop.trainer.checks import check_data_parallel, check_split
 from nonstop.trainer.critic import Critic
 
 WORLD, PROMPTS, N = 2, 4, 3

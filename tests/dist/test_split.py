@@ -34,17 +34,18 @@ from nonstop.dist.placement import check_split, split_placement  # noqa: E402
 from nonstop.dist.weight_sync import bucket_plan  # noqa: E402
 from nonstop.rewards import RewardPool  # noqa: E402
 from nonstop.rollout import LLM  # noqa: E402
-from nonstop.trainer.build import check_data_parallel, reference_model  # noqa: E402
-from nonstop.trainer.build import check_split as check_split_config  # noqa: E402
-from nonstop.trainer.split_rollout import RolloutWorker  # noqa: E402
-from nonstop.trainer.split_trainer import SplitTrainer  # noqa: E402
+from nonstop.trainer import Trainer  # noqa: E402
+from nonstop.trainer.build import reference_model  # noqa: E402
+from nonstop.trainer.checks import check_data_parallel  # noqa: E402
+from nonstop.trainer.checks import check_split as check_split_config  # noqa: E402
+from nonstop.trainer.sources.rollout_rank import RolloutWorker  # noqa: E402
 
 COMPARED = ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy")
 SMALL_BUCKETS = 4096  # bytes: the tiny model's weights travel in many buckets
 
 
 def make_split_rank(run_dir: str, overrides: tuple[str, ...], seed: int = 0):
-    """This rank's side (a `SplitTrainer` or a `RolloutWorker`) of a split run, as build_trainer makes them. The
+    """This rank's side (a `Trainer` or a `RolloutWorker`) of a split run, as build_trainer makes them. The
     rollout engine starts from other weights than the trainer's: only the sync makes them equal."""
     config = tiny_run_config(run_dir, ("trainer.placement=split", *overrides))
     placement = split_placement(config.trainer.rollout_n_gpus, config.actor_rollout_ref.nccl_timeout)
@@ -63,7 +64,7 @@ def make_split_rank(run_dir: str, overrides: tuple[str, ...], seed: int = 0):
     model = tiny_model(seed)
     if current().distributed:  # several trainer ranks: FSDP2 over their sub-group
         shard_model(model, config.actor_rollout_ref.actor.fsdp_config, torch.device("cpu"), torch.float32)
-    trainer = SplitTrainer(
+    trainer = Trainer(
         config,
         model,
         IdTokenizer(),
@@ -75,7 +76,7 @@ def make_split_rank(run_dir: str, overrides: tuple[str, ...], seed: int = 0):
         placement=placement,
         wire_dtype=torch.float32,
     )
-    trainer.plan = bucket_plan(trainer.shapes, torch.float32, SMALL_BUCKETS)
+    trainer.source.plan = bucket_plan(trainer.source.shapes, torch.float32, SMALL_BUCKETS)
     return trainer
 
 
@@ -95,9 +96,9 @@ def split_worker(rank: int, run_dir: str, overrides: tuple[str, ...]) -> None:
     (a rollout rank) its engine's final weights."""
     side = make_split_rank(run_dir, overrides)
     try:
-        batches = record_batches(side) if isinstance(side, SplitTrainer) else []
+        batches = record_batches(side) if isinstance(side, Trainer) else []
         history = side.fit()
-        if isinstance(side, SplitTrainer):
+        if isinstance(side, Trainer):
             params = {n: t.clone() for n, t in full_named_parameters(side.model)}  # a collective when sharded
         if rank == 0:
             trained = [[(s.uid, s.token_policy_versions) for s in b.samples] for b in batches]

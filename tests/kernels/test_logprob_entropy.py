@@ -11,7 +11,7 @@ from interpreter import run_under_interpreter
 
 from nonstop.kernels.dispatch import fused_kernels
 from nonstop.kernels.logprob_entropy import logprob_entropy_grad_reference, logprob_entropy_reference
-from nonstop.train.logprob import chunked_logprobs_and_entropy
+from nonstop.models.logprob import chunked_logprobs_and_entropy
 
 
 def make_logits(gen: torch.Generator, C: int, V: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,7 +105,7 @@ def check_chunked_fused_path_under_interpreter() -> None:
     """The autograd function's fused path (dispatch forced on, as on CUDA) against its reference path: chunking,
     in-place gradient, saved entropy, both gradients. fp16 logits: the interpreter truncates bf16 (see above), which
     biases the gradients by a bf16 ulp; the GPU test below covers bf16."""
-    import nonstop.train.logprob as logprob
+    import nonstop.models.logprob as logprob
 
     gen = torch.Generator().manual_seed(450)
     T, D, V = 70, 32, 1000

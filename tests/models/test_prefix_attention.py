@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from nonstop.batching.prefix_grouping import pack_prefix_groups
 from nonstop.models.attention import reference_causal_attention
 from nonstop.models.prefix_attention import (
     flex_bucket,
@@ -17,7 +18,6 @@ from nonstop.models.prefix_attention import (
     prefix_grouped_block_mask,
     reference_prefix_grouped_attention,
 )
-from nonstop.train import pack_prefix_groups
 
 H, K, E = 4, 2, 16
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from nonstop.batching.prefix_grouping import pack_prefix_groups
 from nonstop.models.prefix_attention import padded_labels, visible_mask
 from nonstop.models.prefix_layout import PrefixGroupLayout, block_tiles
-from nonstop.train import pack_prefix_groups
 
 
 def layout_of(groups: list[tuple[int, list[int]]]) -> PrefixGroupLayout:

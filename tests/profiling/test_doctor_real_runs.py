@@ -93,8 +93,8 @@ def test_slow_reward_function_ranks_first(tmp_path, capsys):
     path.write_text(SLOW_REWARD)
 
     def one_slow_worker(trainer):
-        trainer.reward_pool.close()
-        trainer.reward_pool = RewardPool(load_custom_reward_fn(str(path)), num_workers=1)
+        trainer.scorer.pool.close()
+        trainer.scorer.pool = RewardPool(load_custom_reward_fn(str(path)), num_workers=1)
 
     overrides = (
         "data.train_batch_size=2",

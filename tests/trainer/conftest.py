@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from trainer_helpers import make_trainer
 
-from nonstop.trainer import SyncTrainer
+from nonstop.trainer import Trainer
 
 
 @pytest.fixture
@@ -19,7 +19,7 @@ def trainer_factory(tmp_path):
         run_dir=None,
         engine_copy: bool = False,
         **kwargs,
-    ) -> SyncTrainer:
+    ) -> Trainer:
         """`kwargs`: more `make_trainer` arguments (e.g. `reward_fn`)."""
         run_dir = run_dir or tmp_path / f"run{len(made)}"
         trainer = make_trainer(run_dir, overrides, seed, validate, engine_copy, **kwargs)

@@ -8,9 +8,11 @@ import pytest
 import torch
 from trainer_helpers import VOCAB, tiny_model
 
+from nonstop.batching.batch import RolloutBatch, Sample
 from nonstop.config import load_config
-from nonstop.trainer import Actor, RolloutBatch, Sample, prompt_seed
+from nonstop.trainer import Actor
 from nonstop.trainer.lr_schedule import build_optimizer, lr_factor
+from nonstop.trainer.sampling import prompt_seed
 
 
 def random_batch(seed: int, prompts: int = 3, n: int = 4) -> RolloutBatch:

@@ -10,8 +10,9 @@ import pytest
 import torch
 from trainer_helpers import VOCAB, tiny_model
 
+from nonstop.batching.batch import RolloutBatch, Sample
 from nonstop.config import ConfigError, load_config
-from nonstop.trainer import Actor, RolloutBatch, Sample
+from nonstop.trainer import Actor
 
 
 def grouped_batch(seed: int, prompts: int, n: int, prompt_len: tuple[int, int], response_len: tuple[int, int]):

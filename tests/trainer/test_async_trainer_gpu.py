@@ -26,10 +26,12 @@ def test_cuda_overlap_modes_learn_within_the_bound(tmp_path, overrides):
     )
     try:
         history = trainer.fit()
-        assert trainer.rollouter.stream is not None  # decode ran on its own stream
+        assert trainer.source.rollouter.stream is not None  # decode ran on its own stream
         high = "async_training.rollout_stream_priority=high" in overrides
-        assert trainer.rollouter.stream.priority == (torch.cuda.Stream(priority=-1).priority if high else 0)
-        assert trainer.rollouter.stream.priority < 0 or not high  # the device has a higher priority than the default
+        assert trainer.source.rollouter.stream.priority == (torch.cuda.Stream(priority=-1).priority if high else 0)
+        assert (
+            trainer.source.rollouter.stream.priority < 0 or not high
+        )  # the device has a higher priority than the default
         scores = [m["critic/score/mean"] for m in history]
         assert sum(scores[-2:]) / 2 > scores[0] + 0.3, scores
         bound = 1 if "trainer.mode=one_step_off" in overrides else 2

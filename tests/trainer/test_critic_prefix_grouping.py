@@ -12,9 +12,9 @@ from test_actor_prefix_grouping import actor, record_gradients, rel_err
 from test_critic import trained_critic
 from trainer_helpers import VOCAB, tiny_model
 
+from nonstop.batching.batch import RolloutBatch, Sample
+from nonstop.batching.micro_batches import mini_batches
 from nonstop.config import ConfigError, load_config
-from nonstop.trainer import RolloutBatch, Sample
-from nonstop.trainer.batching import mini_batches
 from nonstop.trainer.critic import Critic
 
 

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
+from nonstop.batching.batch import RolloutBatch, Sample
 from nonstop.data import PromptRow, TokenizedPrompt
 from nonstop.trainer.dynamic_sampling import GroupCollector, kept_group_mask, metric_values
-from nonstop.trainer.rollout_batch import RolloutBatch, Sample
 
 
 def test_groups_with_equal_values_are_dropped_and_singletons_kept():

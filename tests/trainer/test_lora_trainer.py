@@ -31,7 +31,7 @@ def adapter_names(model) -> set[str]:
 def test_lora_run_learns_with_the_base_frozen_and_the_engine_on_merged_weights(trainer_factory):
     trainer = trainer_factory(LORA)
     model = trainer.model
-    assert not trainer.shares_weights  # the engine has a plain copy, refreshed with merged weights
+    assert not trainer.generation.shares_weights  # the engine has a plain copy, refreshed with merged weights
     assert len(lora_modules(model)) == 7  # all-linear: q k v o gate up down of the one layer, not lm_head
     in_optimizer = {id(p) for group in trainer.actor.optimizer.param_groups for p in group["params"]}
     assert in_optimizer == {id(p) for n, p in model.named_parameters() if n in adapter_names(model)}

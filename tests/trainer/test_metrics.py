@@ -30,7 +30,7 @@ def test_no_mfu_or_memory_on_cpu():
 
 
 def test_data_metrics_by_hand():
-    from nonstop.trainer.rollout_batch import RolloutBatch, Sample
+    from nonstop.batching.batch import RolloutBatch, Sample
 
     def sample(prompt_len: int, response_len: int) -> Sample:
         return Sample([1] * prompt_len, [2] * response_len, [0.0] * response_len, "length", "u", "src", None)

@@ -17,7 +17,7 @@ BATCH, N, MAX_TOKENS = 2, 3, 12
 
 
 def make(max_staleness: int = 0, params: SamplingParams | None = None, seed: int = 0, blocks: int = 4, **engine_args):
-    from nonstop.trainer.rollouter import Rollouter
+    from nonstop.trainer.sources.rollouter import Rollouter
 
     model = tiny_model(seed)
     llm = LLM(model, device="cpu", max_model_len=32, num_kv_blocks=64, seed=0, **engine_args)

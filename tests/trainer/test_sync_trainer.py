@@ -1,4 +1,5 @@
-"""End-to-end CPU runs of the sync step loop on the trivially learnable "emit token 7" task (see conftest)."""
+"""End-to-end CPU runs of the step loop in `trainer.mode=sync` on the trivially learnable "emit token 7" task
+(see conftest)."""
 
 from __future__ import annotations
 
@@ -127,7 +128,7 @@ def test_run_stops_after_max_nonfinite_steps_in_a_row(trainer_factory):
 
 def test_sync_probe_is_small_after_update_weights_and_large_when_a_sync_is_missed(trainer_factory):
     synced = trainer_factory(("trainer.total_training_steps=3",), engine_copy=True)
-    assert not synced.shares_weights
+    assert not synced.generation.shares_weights
     history = synced.fit()
     assert all(m["actor/sync_logprob_diff"] < 1e-5 for m in history)
 
@@ -142,14 +143,14 @@ def test_rewards_are_submitted_while_generation_is_still_running(trainer_factory
     trainer = trainer_factory(("trainer.total_training_steps=1", "data.train_batch_size=4"))
     engine = trainer.llm.llm_engine
     pending_at_submit = []
-    real_submit = trainer.reward_pool.submit_many
+    real_submit = trainer.scorer.pool.submit_many
 
     def spy(samples):
         samples = list(samples)
         pending_at_submit.extend([engine.has_unfinished_requests()] * len(samples))
         return real_submit(samples)
 
-    trainer.reward_pool.submit_many = spy
+    trainer.scorer.pool.submit_many = spy
     # Different response budgets per prompt make the groups finish at different engine steps.
     real_generate = trainer.llm.generate
 
@@ -198,12 +199,12 @@ def seven_fraction_with_acc(data_source, solution_str, ground_truth, extra_info=
 
 def test_validation_reports_the_numeric_keys_of_dict_rewards(trainer_factory):
     trainer = trainer_factory(("trainer.total_training_steps=1", "trainer.val_before_train=True"), validate=True)
-    trainer.reward_pool.close()
-    trainer.reward_pool = RewardPool(seven_fraction_with_acc, num_workers=0)
+    trainer.scorer.pool.close()
+    trainer.scorer.pool = RewardPool(seven_fraction_with_acc, num_workers=0)
     metrics = trainer.validate(0)
     assert sorted(metrics) == ["val/test/seven/acc", "val/test/seven/score"]
     # Recompute both means from the same greedy generations, scored directly.
-    batch = trainer._generate(trainer.val_loader.next_batch(), trainer.val_sampling_params, 0, "check")
+    batch, _ = trainer.generation.generate(trainer.val_loader.next_batch(), trainer.sampling.val, 0, "check")
     texts = [trainer.tokenizer.decode(s.response_token_ids, skip_special_tokens=True) for s in batch.samples]
     expected = [seven_fraction_with_acc("test/seven", t, None) for t in texts]
     assert metrics["val/test/seven/score"] == pytest.approx(sum(e["score"] for e in expected) / len(expected))
@@ -249,16 +250,16 @@ def test_sync_probe_rides_along_with_the_rollout_when_max_num_seqs_has_room(trai
 
 
 def test_riding_along_the_probe_is_scored_while_the_rollout_still_decodes(trainer_factory, monkeypatch):
+    import nonstop.trainer.sources.generation as generation
     import nonstop.trainer.sync_probe as sync_probe
-    import nonstop.trainer.sync_trainer as sync_trainer
 
     monkeypatch.setattr(sync_probe, "PROBE_TOKENS", 2)  # the probe finishes first: 2 tokens to the rollout's 8
     trainer = trainer_factory(
         ("trainer.total_training_steps=1", "actor_rollout_ref.rollout.ignore_eos=True"), engine_copy=True
     )
-    pending, real = [], sync_trainer.probe_diff
+    pending, real = [], generation.probe_diff
     monkeypatch.setattr(
-        sync_trainer,
+        generation,
         "probe_diff",
         lambda *a: pending.append(trainer.llm.llm_engine.has_unfinished_requests()) or real(*a),
     )
@@ -270,12 +271,12 @@ def test_riding_along_the_probe_is_scored_while_the_rollout_still_decodes(traine
 def test_a_failed_probe_thread_raises_after_the_kv_release_and_never_masks_the_rollouts_error(
     trainer_factory, monkeypatch
 ):
-    import nonstop.trainer.sync_trainer as sync_trainer
+    import nonstop.trainer.sources.generation as generation
 
     trainer = trainer_factory(("trainer.total_training_steps=2",), engine_copy=True)
-    trainer.free_cache_engine = True  # as on CUDA: the KV cache is taken for generation and released after it
-    monkeypatch.setattr(trainer, "_keeps_kv_cache", lambda: False)
-    monkeypatch.setattr(trainer, "_probe_on_thread", lambda: True)
+    trainer.generation.kv.enabled = True  # as on CUDA: the KV cache is taken for generation and released after it
+    monkeypatch.setattr(trainer.generation.kv, "keeps", lambda: False)
+    monkeypatch.setattr(trainer.generation, "probe_on_thread", lambda: True)
     calls = []
 
     def failing_probe(*args):
@@ -285,7 +286,7 @@ def test_a_failed_probe_thread_raises_after_the_kv_release_and_never_masks_the_r
 
         return wait
 
-    monkeypatch.setattr(sync_trainer, "probe_diff_beside", failing_probe)
+    monkeypatch.setattr(generation, "probe_diff_beside", failing_probe)
     released = []
     real_release = trainer.llm.release
     monkeypatch.setattr(trainer.llm, "release", lambda *a: released.append(True) or real_release(*a))
@@ -297,15 +298,15 @@ def test_a_failed_probe_thread_raises_after_the_kv_release_and_never_masks_the_r
         kwargs["on_extras_done"]([])  # the probe "finished" (its thread will fail too), then the rollout fails
         raise ValueError("rollout failed")
 
-    monkeypatch.setattr(sync_trainer, "probe_results", lambda outputs: ([], []))
-    monkeypatch.setattr(sync_trainer, "generate_rollouts", failing_rollout)
+    monkeypatch.setattr(generation, "probe_results", lambda outputs: ([], []))
+    monkeypatch.setattr(generation, "generate_samples", failing_rollout)
     with pytest.raises(ValueError, match="rollout failed"):
         trainer.step(2)
     assert calls == ["wait", "wait"] and released == [True, True]
 
 
 def test_keeps_kv_cache_by_hand():
-    from nonstop.trainer.sync_trainer import keeps_kv_cache, training_peak_bytes
+    from nonstop.trainer.sources.kv_policy import keeps_kv_cache, training_peak_bytes
 
     GB = 2**30
     # 0.3 GB cache beside a 36 GB update on a 141 GB GPU: kept (0.2% of the GPU; 36.3 GB <= 112.8 GB).
@@ -335,12 +336,12 @@ def test_a_small_kv_cache_stays_resident_after_the_first_step(trainer_factory, m
 
     import torch
 
-    from nonstop.trainer import sync_trainer
+    from nonstop.trainer.sources import kv_policy
 
-    monkeypatch.setattr(sync_trainer, "training_peak_bytes", lambda metrics: 2**20)  # a 1 MiB update
+    monkeypatch.setattr(kv_policy, "training_peak_bytes", lambda metrics: 2**20)  # a 1 MiB update
     for total_kv_multiple, expected in ((100, [1.0, 0.0, 0.0]), (10, [1.0, 1.0, 1.0])):
         trainer = trainer_factory(("trainer.total_training_steps=3",), engine_copy=True)
-        trainer.free_cache_engine = True
+        trainer.generation.kv.enabled = True
         runner = trainer.llm.llm_engine.model_runner
         kv_bytes = (runner.num_kv_blocks + 1) * runner.kv_block_bytes
         gpu = SimpleNamespace(total_memory=total_kv_multiple * kv_bytes)  # 10x: the cache is 10% of the GPU
@@ -348,3 +349,26 @@ def test_a_small_kv_cache_stays_resident_after_the_first_step(trainer_factory, m
         released = [trainer.step(step)["rollout/kv_cache_released"] for step in (1, 2, 3)]
         assert released == expected
         assert runner.has_kv_cache == (expected[-1] == 0.0)  # kept through the last update, or released for it
+
+
+def test_rollout_and_validation_generations_are_written_as_jsonl(trainer_factory, tmp_path):
+    rollouts, validations = tmp_path / "rollouts", tmp_path / "validations"
+    trainer = trainer_factory(
+        (
+            "trainer.total_training_steps=1",
+            "trainer.val_before_train=True",
+            f"trainer.rollout_data_dir={rollouts}",
+            f"trainer.validation_data_dir={validations}",
+        ),
+        validate=True,
+    )
+    history = trainer.fit()
+    trained = [json.loads(line) for line in (rollouts / "1.jsonl").read_text().splitlines()]
+    validated = [json.loads(line) for line in (validations / "0.jsonl").read_text().splitlines()]
+    assert (len(trained), len(validated)) == (4 * 8, 8)
+    for rows, step in ((trained, 1), (validated, 0)):
+        for row in rows:
+            assert row["step"] == step and row["data_source"] == "test/seven"
+            assert row["score"] == pytest.approx(seven_fraction("test/seven", row["output"], row["gts"]))
+    assert sum(r["score"] for r in trained) / len(trained) == pytest.approx(history[1]["critic/score/mean"])
+    assert sum(r["score"] for r in validated) / 8 == pytest.approx(history[0]["val/test/seven/score"])

@@ -15,8 +15,8 @@ from nonstop.models.critic_model import CriticModel
 from nonstop.rewards import RewardPool
 from nonstop.rewards.reward_model import RewardModel
 from nonstop.rollout import LLM
-from nonstop.trainer import SyncTrainer
-from nonstop.trainer.build import TRAINERS, add_lora_adapters, build_engine, reference_model
+from nonstop.trainer import Trainer
+from nonstop.trainer.build import add_lora_adapters, build_engine, reference_model
 
 TARGET_TOKEN = 7
 VOCAB = 32
@@ -113,7 +113,7 @@ def make_trainer(
     device: str = "cpu",
     reward_fn=seven_fraction,
     shard: bool = False,
-) -> SyncTrainer:
+) -> Trainer:
     """`engine_copy`: the engine gets its own copy of the weights (as on CUDA, and always in the overlap modes
     `trainer.mode=one_step_off|async`) instead of sharing the trainer's.
     `device="cuda"`: the production CUDA path (`build_engine`: a bf16 engine copy; bf16 autocast updates).
@@ -144,7 +144,7 @@ def make_trainer(
             critic_model = CriticModel.from_policy(model)
             shard_model(critic_model, config.critic.model.fsdp_config, torch.device(device), torch.float32)
         shard_model(model, config.actor_rollout_ref.actor.fsdp_config, torch.device(device), torch.float32)
-    return TRAINERS[config.trainer.mode](
+    return Trainer(
         config,
         model,
         tokenizer,

@@ -20,9 +20,9 @@ import time
 import numpy as np
 import torch
 
+from nonstop.batching.prefix_grouping import pack_prefix_groups
 from nonstop.bench.env import default_result_path, environment, write_result
 from nonstop.models.prefix_attention import layout_block_mask, prefix_grouped_block_mask
-from nonstop.train import pack_prefix_groups
 
 TENSORS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks", "q_indices")
 

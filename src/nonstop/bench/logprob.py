@@ -20,7 +20,7 @@ import time
 import torch
 
 from nonstop.kernels.dispatch import fused_kernels, use_fused_logprob
-from nonstop.train.logprob import chunked_logprobs_and_entropy
+from nonstop.models.logprob import chunked_logprobs_and_entropy
 
 PATHS = ("fused", "torch")
 

@@ -64,7 +64,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def rollout_batch(groups: int, n: int, prompt_len: int, response_len: int, vocab_size: int, seed: int = 0):
-    from nonstop.trainer import RolloutBatch, Sample
+    from nonstop.batching.batch import RolloutBatch, Sample
 
     g = torch.Generator().manual_seed(seed)
     samples = []

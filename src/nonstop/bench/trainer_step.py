@@ -12,7 +12,7 @@ Full length: nonstop samples with `actor_rollout_ref.rollout.ignore_eos=True`; T
 cuts a completion at the first of those ids) until 256 tokens exist. Both sides' logged completion lengths are
 checked and recorded.
 
-Step time: median wall time of `SyncTrainer.step` after warm-up steps, and, for TRL, from `on_step_begin` to
+Step time: median wall time of `Trainer.step` after warm-up steps, and, for TRL, from `on_step_begin` to
 `on_step_end` of a `TrainerCallback` (generation, reward, loss, backward and optimizer step all fall in between),
 with a device sync at every timestamp. Throughput = (prompt + response tokens) / step time, as `perf/throughput`.
 

@@ -1,7 +1,7 @@
 """Prompts for RL: verl-format rows from parquet / JSONL / GSM8K / the hub, the built-in `nonstop/arith` task,
 chat-template tokenization with verl's over-length handling, and a resumable batch sampler."""
 
-from nonstop.data.arith import arith_rows, score_arith
+from nonstop.data.arith import arith_rows
 from nonstop.data.build import train_dataloader, val_dataloader
 from nonstop.data.dataset import PromptDataset, TokenizedPrompt
 from nonstop.data.gsm8k import extract_solution, gsm8k_row
@@ -23,7 +23,6 @@ __all__ = [
     "read_parquet",
     "read_rows",
     "row_from_dict",
-    "score_arith",
     "train_dataloader",
     "val_dataloader",
     "write_parquet",

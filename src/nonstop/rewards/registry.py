@@ -11,9 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from nonstop.data import arith
-
-from . import gsm8k
+from . import arith, gsm8k
 from . import math as math_scorer
 from .errors import RewardSetupError
 
@@ -22,8 +20,8 @@ Scorer = Callable[[str, Any], float | dict]
 GSM8K_SOURCES = ("openai/gsm8k",)
 # verl's MATH sources; verl scores them with its own rule and suggests math-verify as the more accurate option.
 MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
-# The project's generated arithmetic task (the embedded default run), scored by the module that generates it.
-ARITH_SOURCE = arith.DATA_SOURCE
+# The project's generated arithmetic task (the embedded default run, data/arith.py's DATA_SOURCE).
+ARITH_SOURCE = "nonstop/arith"
 
 
 _SCORERS: dict[str, Scorer] = {

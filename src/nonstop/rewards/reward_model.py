@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from nonstop.train.balancing import fixed_micro_batches, token_budget_micro_batches
+from nonstop.batching.balancing import fixed_micro_batches, token_budget_micro_batches
 
 
 class RewardModel:

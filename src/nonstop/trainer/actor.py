@@ -8,10 +8,10 @@ Old log-probs: with one mini-batch and one epoch the policy that sampled is the 
 importance ratio is exactly 1 — the update uses the current forward's detached log-probs instead of a second pass
 (`needs_old_log_prob`). Otherwise `compute_log_prob` runs once under no_grad before the first optimizer step.
 
-Prefix grouping (`use_prefix_grouper`, train/prefix_grouping.py): samples sharing a prompt are packed as one
+Prefix grouping (`use_prefix_grouper`, batching/prefix_grouping.py): samples sharing a prompt are packed as one
 `[prompt | r1 | … | rn]` group in every pass (update, old log-prob, reference), decided once per mini-batch (per
 batch for the log-prob passes); token-budget micro-batches then hold whole groups. The batching helpers live in
-trainer/batching.py, shared with the critic.
+batching/micro_batches.py, shared with the critic.
 
 Several ranks (FSDP2, dist/fsdp.py): every rank updates on its own share of the batch. The normalisers
 (`batch_num_tokens`, `global_batch_size`) are the mini-batch's over all ranks and FSDP averages the gradients of losses
@@ -29,16 +29,9 @@ import torch
 from torch import Tensor
 
 from nonstop.algos import agg_loss, get_policy_loss_fn, kl_penalty
-from nonstop.config.actor import ActorConfig
-from nonstop.config.algorithm import RolloutCorrectionConfig
-from nonstop.dist.collectives import all_reduce_sum_
-from nonstop.dist.fsdp import full_value
-from nonstop.dist.offload import optimizer_step
-from nonstop.dist.process_group import current
-from nonstop.kernels.dispatch import fused_kernels
-from nonstop.train import group_by_prompt, grouped_tokens, pack_sequences, response_logprobs
-from nonstop.trainer.batching import (
-    autocast,
+from nonstop.batching.batch import RolloutBatch
+from nonstop.batching.micro_batches import (
+    MicroBatching,
     micro_batches,
     mini_batches,
     pack_rows,
@@ -46,9 +39,20 @@ from nonstop.trainer.batching import (
     rank_mini_batch_size,
     unpack_rows,
 )
+from nonstop.batching.packing import pack_sequences
+from nonstop.batching.prefix_grouping import group_by_prompt, grouped_tokens
+from nonstop.config.actor import ActorConfig, RefConfig
+from nonstop.config.algorithm import RolloutCorrectionConfig
+from nonstop.config.rollout import RolloutConfig
+from nonstop.dist.collectives import all_reduce_sum_
+from nonstop.dist.fsdp import full_value
+from nonstop.dist.offload import optimizer_step
+from nonstop.dist.process_group import current
+from nonstop.kernels.dispatch import fused_kernels
+from nonstop.models.logprob import response_logprobs
 from nonstop.trainer.lr_schedule import build_optimizer
 from nonstop.trainer.off_policy import behaviour_gap, rollout_is_weights
-from nonstop.trainer.rollout_batch import RolloutBatch
+from nonstop.trainer.precision import autocast
 
 
 class Actor:
@@ -74,6 +78,12 @@ class Actor:
         self.device = next(model.parameters()).device
         self.optimizer, self.scheduler = build_optimizer(model, config.optim, total_steps)
         self.loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
+        self.update_batching = MicroBatching(
+            config.use_dynamic_bsz,
+            config.ppo_max_token_len_per_gpu,
+            config.ppo_micro_batch_size_per_gpu,
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+        )
         self.skipped_steps = 0
         self._micro_batch_tokens: list[int] = []  # tokens of each micro-batch of the current update
         self._grouped_mini_batches: list[bool] = []  # whether each mini-batch step of the current update was grouped
@@ -89,22 +99,16 @@ class Actor:
         return len(self.mini_batches(batch)) > 1 or self.config.ppo_epochs > 1
 
     def prefix_grouped(self, batch: RolloutBatch, rows: list[int]) -> bool:
-        """Whether `rows` run prefix-grouped under `use_prefix_grouper` (trainer/batching.py)."""
+        """Whether `rows` run prefix-grouped under `use_prefix_grouper` (batching/micro_batches.py)."""
         return prefix_grouped(self.config.use_prefix_grouper, batch, rows)
 
-    def micro_batches(self, batch: RolloutBatch, rows: list[int], grouped: bool = False) -> list[list[int]]:
-        """Index lists into `rows`' samples: by token budget (`use_dynamic_bsz`; whole prompt groups, each costing
-        its prompt once, when `grouped`) or by count. Across ranks, every rank gets the largest rank's count."""
-        cfg = self.config
-        return micro_batches(
-            batch,
-            rows,
-            self.device,
-            cfg.use_dynamic_bsz,
-            cfg.ppo_max_token_len_per_gpu,
-            cfg.ppo_micro_batch_size_per_gpu,
-            grouped,
-        )
+    def micro_batches(
+        self, batch: RolloutBatch, rows: list[int], grouped: bool = False, rule: MicroBatching | None = None
+    ) -> list[list[int]]:
+        """Index lists into `rows`' samples per `rule` (None = the update's: `use_dynamic_bsz`,
+        `ppo_max_token_len_per_gpu`, `ppo_micro_batch_size_per_gpu`): by token budget (whole prompt groups, each
+        costing its prompt once, when `grouped`) or by count. Across ranks, every rank gets the largest rank's count."""
+        return micro_batches(batch, rows, self.device, rule or self.update_batching, grouped)
 
     @staticmethod
     def _computed_tokens(batch: RolloutBatch, rows: list[int], grouped: bool) -> int:
@@ -141,16 +145,19 @@ class Actor:
         return logp_bL, entropy_bL
 
     @torch.no_grad()
-    def compute_log_prob(self, batch: RolloutBatch, model: torch.nn.Module | None = None) -> Tensor:
-        """`[B, L]` log-probs under the current weights (or `model`'s: the reference), micro-batched like the
-        update. The fused CUDA kernels run only without autograd, so they are switched off here to keep this pass
-        bit-identical to the grad pass."""
+    def compute_log_prob(
+        self, batch: RolloutBatch, rule: MicroBatching | None = None, model: torch.nn.Module | None = None
+    ) -> Tensor:
+        """`[B, L]` log-probs under the current weights (or `model`'s: the reference), micro-batched per `rule` (the
+        old-log-prob pass: `rollout.log_prob_*`, the reference's: `ref.log_prob_*`; None = like the update). The fused
+        CUDA kernels run only without autograd, so they are switched off here to keep this pass bit-identical to the
+        grad pass."""
         width = batch.response_mask().shape[1]
         out_BL = torch.zeros(len(batch), width, device=self.device)
         everything = list(range(len(batch)))
         grouped = self.prefix_grouped(batch, everything)
         with fused_kernels(False):
-            for rows in self.micro_batches(batch, everything, grouped):
+            for rows in self.micro_batches(batch, everything, grouped, rule):
                 out_BL[rows] = self.forward(batch, rows, width, compute_entropy=False, model=model, grouped=grouped)[0]
         return out_BL
 
@@ -288,3 +295,15 @@ class Actor:
             metrics["actor/kl_loss"] = totals["kl_loss"].item()
         metrics.update({key: value.item() for key, value in totals.items() if key.startswith("rollout_corr/")})
         return metrics
+
+
+def log_prob_micro_batching(section: RolloutConfig | RefConfig, name: str) -> MicroBatching:
+    """A log-prob pass's micro-batches from `section.log_prob_*` (verl's: the old-log-prob pass reads
+    `actor_rollout_ref.rollout`'s, the reference pass `actor_rollout_ref.ref`'s; null there = the actor's, filled by
+    the config). `name`: the section's key path, for errors."""
+    return MicroBatching(
+        section.log_prob_use_dynamic_bsz,
+        section.log_prob_max_token_len_per_gpu,
+        section.log_prob_micro_batch_size_per_gpu,
+        f"{name}.log_prob_max_token_len_per_gpu",
+    )

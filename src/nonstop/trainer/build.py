@@ -1,4 +1,5 @@
-"""A `SyncTrainer` from a `NonstopConfig`: device, policy model, engine, data, reward pool, reference."""
+"""This rank's part of a run from a `NonstopConfig`: device, policy model, engine, data, reward pool, reference, and
+the `Trainer` (or, on a rollout rank of split placement, the `RolloutWorker`)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,9 @@ import torch
 
 from nonstop.config import NonstopConfig
 from nonstop.data import train_dataloader, val_dataloader
-from nonstop.dist import DistInfo, current, init_process_group
+from nonstop.dist import current, init_process_group
 from nonstop.dist.fsdp import shard_model
 from nonstop.dist.placement import SplitPlacement, split_placement
-from nonstop.dist.placement import check_split as check_split_ranks
 from nonstop.dist.process_group import use_train_group
 from nonstop.models.critic_model import CriticModel, load_critic_model
 from nonstop.models.loading import load_model
@@ -20,10 +20,9 @@ from nonstop.models.tokenizer import load_tokenizer
 from nonstop.rewards import RewardPool
 from nonstop.rewards.reward_model import RewardModel
 from nonstop.rollout import LLM
-from nonstop.trainer.async_trainer import AsyncTrainer, OneStepOffTrainer
-from nonstop.trainer.split_rollout import RolloutWorker
-from nonstop.trainer.split_trainer import SplitTrainer
-from nonstop.trainer.sync_trainer import SyncTrainer
+from nonstop.trainer.checks import check_data_parallel, check_fsdp_sizes, check_no_validation, check_split
+from nonstop.trainer.loop import Trainer
+from nonstop.trainer.sources.rollout_rank import RolloutWorker
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -107,79 +106,7 @@ def reference_model(config: NonstopConfig, model: torch.nn.Module) -> torch.nn.M
     return copy.deepcopy(model).requires_grad_(False).eval()
 
 
-TRAINERS = {"sync": SyncTrainer, "one_step_off": OneStepOffTrainer, "async": AsyncTrainer}
-
-
-def check_data_parallel(config: NonstopConfig, info: DistInfo) -> None:
-    """What several training ranks need: colocated, the sync loop; prompt counts that split evenly over the ranks.
-    (Split placement refuses what it cannot do yet in `check_split`, a critic included.)"""
-    if not info.distributed:
-        return
-    if config.trainer.mode != "sync" and config.trainer.placement == "colocate":
-        raise ValueError(
-            f"trainer.mode={config.trainer.mode!r} runs on one rank, or on several with trainer.placement=split; "
-            "use trainer.mode=sync or trainer.placement=split"
-        )
-    if config.algorithm.filter_groups.enable:
-        raise ValueError("algorithm.filter_groups runs on one rank only so far")
-    if config.actor_rollout_ref.model.lora_rank > 0:
-        raise ValueError("LoRA (actor_rollout_ref.model.lora_rank > 0) runs on one rank only so far")
-    check_prompt_counts(config, info.world_size, "ranks")
-
-
-def check_prompt_counts(config: NonstopConfig, ranks: int, what: str) -> None:
-    """The batch sizes in prompts split evenly over `ranks` training ranks (whole prompts each)."""
-    counts = [
-        ("data.train_batch_size", config.data.train_batch_size),
-        ("actor_rollout_ref.actor.ppo_mini_batch_size", config.actor_rollout_ref.actor.ppo_mini_batch_size),
-    ]
-    if config.critic.enable:
-        counts.append(("critic.ppo_mini_batch_size", config.critic.ppo_mini_batch_size))
-    for key, value in counts:
-        if value % ranks:
-            raise ValueError(f"{key}={value} must be a multiple of the {ranks} {what} (whole prompts each)")
-
-
-def check_split(config: NonstopConfig, world_size: int) -> None:
-    """What `trainer.placement=split` cannot do yet, and prompt counts that split over the rollout ranks."""
-    check_split_ranks(world_size, config.trainer.rollout_n_gpus)
-    refused = {
-        "algorithm.filter_groups.enable=True": config.algorithm.filter_groups.enable,
-        "actor_rollout_ref.model.lora_rank > 0": config.actor_rollout_ref.model.lora_rank > 0,
-        "a critic (critic.enable or algorithm.adv_estimator=gae)": config.critic.enable is True
-        or config.algorithm.adv_estimator == "gae",
-        "reward_model.enable=True": config.reward_model.enable,
-    }
-    for what, on in refused.items():
-        if on:
-            raise ValueError(
-                f"{what} is not supported with trainer.placement=split yet; use trainer.placement=colocate"
-            )
-    if config.trainer.val_only:
-        raise ValueError(
-            "trainer.val_only is not supported with trainer.placement=split; use trainer.placement=colocate"
-        )
-    rollout_ranks = config.trainer.rollout_n_gpus
-    if config.data.train_batch_size % rollout_ranks:
-        raise ValueError(
-            f"data.train_batch_size={config.data.train_batch_size} must be a multiple of trainer.rollout_n_gpus="
-            f"{rollout_ranks} (whole prompts per rollout rank)"
-        )
-    # Checked here, on every rank before the groups exist, rather than on the trainer ranks only: a rollout rank
-    # would otherwise wait for a first block that never comes.
-    check_prompt_counts(config, world_size - rollout_ranks, "trainer ranks")
-
-
-def check_no_validation(config: NonstopConfig, val_loader) -> None:
-    trainer_cfg = config.trainer
-    if val_loader is not None and (trainer_cfg.val_before_train or trainer_cfg.test_freq > 0 or trainer_cfg.val_only):
-        raise ValueError(
-            "validation is not supported with trainer.placement=split yet; set trainer.val_before_train=False and "
-            "trainer.test_freq=-1"
-        )
-
-
-def build_trainer(config: NonstopConfig, console: bool = True) -> SyncTrainer | RolloutWorker:
+def build_trainer(config: NonstopConfig, console: bool = True) -> Trainer | RolloutWorker:
     """This rank's part of the run: a trainer, or under `trainer.placement=split` on a rollout rank a
     `RolloutWorker` (same `fit` / `step` / `close`)."""
     model_cfg, actor_cfg = config.actor_rollout_ref.model, config.actor_rollout_ref.actor
@@ -195,6 +122,7 @@ def build_trainer(config: NonstopConfig, console: bool = True) -> SyncTrainer | 
         if placement.is_rollout:
             return build_rollout_worker(config, device, placement)
     check_data_parallel(config, current())  # the trainer ranks' group under split placement
+    check_fsdp_sizes(config, current().world_size)
     if model_cfg.override_config:
         raise ValueError("actor_rollout_ref.model.override_config is not supported by the trainer yet")
     torch.manual_seed(0 if config.data.seed is None else config.data.seed)
@@ -214,15 +142,15 @@ def build_trainer(config: NonstopConfig, console: bool = True) -> SyncTrainer | 
             shard_model(critic_model, critic_fsdp, device, torch_dtype(critic_fsdp.dtype))
     reward_model = RewardModel.from_config(config.reward_model, device) if config.reward_model.enable else None
     val_loader = val_dataloader(config.data, tokenizer)
-    trainer_cls, extra = TRAINERS[config.trainer.mode], {}
+    extra = {}
     if placement is not None:
         check_no_validation(config, val_loader)
-        trainer_cls, extra = SplitTrainer, {"placement": placement, "wire_dtype": engine_dtype(config, device)}
+        extra = {"placement": placement, "wire_dtype": engine_dtype(config, device)}
     # Under split placement the rollout ranks score; the trainer's pool stays empty.
     reward_cfg = config.reward_model
     pool = RewardPool(num_workers=0) if placement else RewardPool.from_config(reward_cfg, config.custom_reward_function)
     try:
-        return trainer_cls(
+        return Trainer(
             config,
             model,
             tokenizer,

@@ -1,12 +1,12 @@
 """The critic of PPO (`algorithm.adv_estimator=gae`): a values pass before the advantages and a value-loss update after
 them, batched exactly like the actor (packed sequences, `ppo_mini_batch_size` mini-batches × `ppo_epochs`, micro-
-batches by count or by token budget, through the actor's own helpers in trainer/batching.py), as verl's
+batches by count or by token budget, through the actor's own helpers in batching/micro_batches.py), as verl's
 `DataParallelPPOCritic`.
 
 Prefix grouping (`critic.use_prefix_grouper`, null = the actor's setting): the samples sharing a prompt are packed as
 one `[prompt | r1 | … | rn]` group in the values pass and the update, decided like the actor's (per batch for the
 values pass, per mini-batch in the update); token-budget micro-batches then hold whole groups costing P + Σ r_j. The
-values and every gradient equal the ungrouped critic's (train/prefix_grouping.py).
+values and every gradient equal the ungrouped critic's (batching/prefix_grouping.py).
 
 The value of response token t is read from the hidden state one position to its left, the state in which token t was
 chosen: the same `predict_index_R` the actor scores log-probs from (verl's `values[:, -response_length - 1 : -1]`).
@@ -32,15 +32,9 @@ import torch
 from torch import Tensor
 
 from nonstop.algos import compute_value_loss, explained_variance_from_sums, explained_variance_sums
-from nonstop.config.critic import CriticConfig
-from nonstop.dist.collectives import all_reduce_sum_, sum_over_ranks
-from nonstop.dist.fsdp import full_value
-from nonstop.dist.offload import optimizer_step
-from nonstop.dist.process_group import current
-from nonstop.kernels.dispatch import fused_kernels
-from nonstop.models.critic_model import CriticModel
-from nonstop.trainer.batching import (
-    autocast,
+from nonstop.batching.batch import RolloutBatch
+from nonstop.batching.micro_batches import (
+    MicroBatching,
     micro_batches,
     mini_batches,
     pack_rows,
@@ -48,8 +42,33 @@ from nonstop.trainer.batching import (
     rank_mini_batch_size,
     unpack_rows,
 )
+from nonstop.config import NonstopConfig
+from nonstop.config.critic import CriticConfig
+from nonstop.dist.collectives import all_reduce_sum_, sum_over_ranks
+from nonstop.dist.fsdp import full_value, is_sharded
+from nonstop.dist.offload import optimizer_step
+from nonstop.dist.process_group import current
+from nonstop.kernels.dispatch import fused_kernels
+from nonstop.models.critic_model import CriticModel
 from nonstop.trainer.lr_schedule import build_optimizer
-from nonstop.trainer.rollout_batch import RolloutBatch
+from nonstop.trainer.precision import autocast
+
+
+def build_critic(
+    config: NonstopConfig,
+    policy: torch.nn.Module,
+    critic_model: CriticModel | None,
+    total_steps: int,
+    compute_dtype: torch.dtype | None,
+) -> Critic | None:
+    """The run's critic when `critic.enable`: `critic_model`, or a copy of `policy` with a zero value head."""
+    if not config.critic.enable:
+        return None
+    # On several ranks `build_trainer` copies the critic from the policy before sharding either.
+    assert critic_model is not None or not is_sharded(policy), "a sharded policy cannot seed the critic"
+    critic_model = critic_model or CriticModel.from_policy(policy)
+    critic_model.gradient_checkpointing = config.critic.model.enable_gradient_checkpointing
+    return Critic(critic_model, config.critic, config.actor_rollout_ref.rollout.n, total_steps, compute_dtype)
 
 
 class Critic:
@@ -68,7 +87,7 @@ class Critic:
         self.skipped_steps = 0
 
     def prefix_grouped(self, batch: RolloutBatch, rows: list[int]) -> bool:
-        """Whether `rows` run prefix-grouped under `critic.use_prefix_grouper` (trainer/batching.py)."""
+        """Whether `rows` run prefix-grouped under `critic.use_prefix_grouper` (batching/micro_batches.py)."""
         return prefix_grouped(self.config.use_prefix_grouper, batch, rows)
 
     def forward(self, batch: RolloutBatch, rows: list[int], width: int, grouped: bool = False) -> Tensor:
@@ -91,16 +110,13 @@ class Critic:
         self.model.eval()
         everything = list(range(len(batch)))
         grouped = self.prefix_grouped(batch, everything)
-        parts = micro_batches(
-            batch,
-            everything,
-            self.device,
+        rule = MicroBatching(
             cfg.use_dynamic_bsz,
             cfg.forward_max_token_len_per_gpu,
             cfg.forward_micro_batch_size_per_gpu,
-            grouped,
-            key="critic.forward_max_token_len_per_gpu",
+            "critic.forward_max_token_len_per_gpu",
         )
+        parts = micro_batches(batch, everything, self.device, rule, grouped)
         with fused_kernels(False):
             for rows in parts:
                 values_BL[rows] = self.forward(batch, rows, width, grouped)
@@ -144,16 +160,13 @@ class Critic:
         counts = all_reduce_sum_(torch.stack([mask_BL[mini].sum(), torch.tensor(len(mini), device=self.device)]))
         info = {"batch_num_tokens": counts[0], "global_batch_size": counts[1]}
         totals = {k: torch.zeros((), device=self.device) for k in ("vf_loss", "vf_clipfrac", "vpred_mean")}
-        parts = micro_batches(
-            batch,
-            mini,
-            self.device,
+        rule = MicroBatching(
             cfg.use_dynamic_bsz,
             cfg.ppo_max_token_len_per_gpu,
             cfg.ppo_micro_batch_size_per_gpu,
-            grouped,
-            key="critic.ppo_max_token_len_per_gpu",
+            "critic.ppo_max_token_len_per_gpu",
         )
+        parts = micro_batches(batch, mini, self.device, rule, grouped)
         for rows in parts:
             mask_bL = mask_BL[rows]
             vpreds_bL = self.forward(batch, rows, width, grouped)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from nonstop.trainer.rollout_batch import RolloutBatch, Sample
+from nonstop.batching.batch import RolloutBatch, Sample
 
 SHAPED_METRICS = ("seq_reward", "seq_final_reward")
 RULE_SCORE_METRICS = ("acc", "score")

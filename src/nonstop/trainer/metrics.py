@@ -11,16 +11,16 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from nonstop.batching.batch import RolloutBatch
 from nonstop.profiling.timeline import truncate_steps
 from nonstop.trainer.loggers import MetricSink
-from nonstop.trainer.rollout_batch import RolloutBatch
 
 
 def data_metrics(batch: RolloutBatch, scores_B: Tensor, advantages_BL: Tensor, mask_BL: Tensor) -> dict[str, float]:
     lengths = batch.response_lengths
     valid = mask_BL.bool()
-    # Masked reductions, one read-back: boolean indexing of the [B, L] advantages on the CPU took 5-9 ms per call on
-    # the H200 host (its parallel index kernel), 22 ms of the step's host-only stretch before the update.
+    # Masked reductions and one read-back: boolean indexing of the [B, L] advantages runs a parallel index kernel on
+    # the host, on the step's host-only stretch before the update (docs/dev-log.md).
     num_valid = valid.sum()
     scores_B = scores_B.to(advantages_BL.device)
     values = torch.stack(
@@ -145,4 +145,20 @@ def model_flops_metrics(
     step_flops = update_flops + 2 * num_params * (tokens * extra_forward_passes + tokens)
     metrics["perf/mfu/actor"] = update_flops / max(timings["timing_s/update_actor"], 1e-9) / peak
     metrics["perf/mfu"] = step_flops / max(timings["timing_s/step"], 1e-9) / peak
+    return metrics
+
+
+def timed_step_metrics(
+    metrics: dict[str, float], step: int, num_params: int, device: torch.device, flops: dict[str, int]
+) -> dict[str, float]:
+    """A finished step's metrics (reduced over ranks) with what its wall time gives: zero timings for the phases it
+    skipped, `perf/time_per_step`, `perf/throughput`, MFU (`model_flops_metrics` of `flops`) and
+    `training/global_step`."""
+    for phase in ("old_log_prob", "ref", "update_actor"):  # update_actor: critic warm-up steps
+        metrics.setdefault(f"timing_s/{phase}", 0.0)
+    step_s = metrics["timing_s/step"]
+    metrics["perf/time_per_step"] = step_s
+    metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / max(step_s, 1e-9)
+    metrics.update(model_flops_metrics(num_params, timings=metrics, device=device, **flops))
+    metrics["training/global_step"] = float(step)
     return metrics

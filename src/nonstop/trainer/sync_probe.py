@@ -54,10 +54,10 @@ def probe_diff_beside(
     actor, prompts: list[list[int]], responses: list[list[int]], engine_logprobs: list[float]
 ) -> Callable[[], Tensor]:
     """`probe_diff` on a thread of its own, on the caller's CUDA stream; returns the call that waits for its result
-    (and raises what it raised). Its forward is ~700 kernel launches of a 2-prompt batch: run on the rollout's
-    thread mid-rollout, the host launched them instead of the next decode steps and the GPU idled ~20 ms a step
-    (H200 profile); here they are launched while the rollout's thread waits on its sampled ids. One rank only (on
-    sharded ranks the forward's collectives must keep their order with the rollout thread's)."""
+    (and raises what it raised). Its forward is hundreds of kernel launches: run on the rollout's thread mid-rollout,
+    the host would launch them instead of the next decode steps, with the GPU idle (docs/dev-log.md); here they are
+    launched while the rollout's thread waits on its sampled ids. One rank only (on sharded ranks the forward's
+    collectives must keep their order with the rollout thread's)."""
     device, stream = actor.device, torch.cuda.current_stream(actor.device)
     result: dict[str, object] = {}
 

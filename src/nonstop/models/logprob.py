@@ -1,31 +1,37 @@
-"""Per-token log-probs and entropy from hidden states, without ever holding `[T, V]` logits whole.
+"""The training log-prob: per-token log-probs and entropy from hidden states, without ever holding `[T, V]` logits
+whole (autograd through `log_softmax` would keep several such fp32 tensors alive until backward).
 
-With a 151,936-entry vocabulary, fp32 logits cost 0.6 MB per token, and autograd through `log_softmax` keeps
-several such tensors alive until backward. `ChunkedLogProb` projects C tokens at a time, keeps only the per-token
-log-sum-exp and entropy, and recomputes each chunk's logits in backward, so what waits for backward is O(T) plus the
-inputs themselves; the transient peak is O(C × V).
-
-The three `[C, D] x [D, V]` matmuls per chunk (logits, and in backward the recomputed logits and both gradients)
-run in `matmul_dtype`: fp32 by default, the autocast dtype when called under CUDA autocast. Everything after the
-matmul (log-softmax, entropy, the logit gradient) is fp32, and the weight gradient is accumulated in fp32 across
-chunks. On CUDA with 16-bit logits that math is two Triton kernels (`kernels/logprob_entropy_triton.py`: one read of
-the logits in forward, one read and write in backward, in place of an fp32 copy and eight elementwise passes); the
-plain-PyTorch reference (`kernels/logprob_entropy.py`) runs on CPU and under `fused_kernels(False)`.
-
-The matmul dtype matters for speed: with a 151,936-entry vocabulary and a 0.5B model these matmuls are a third of the
-update's FLOPs, and in fp32 (no tensor cores) they took most of its time on an H200. Rounding the logits to bf16 is
-what verl and TRL do as well (their lm_head runs in bf16).
+`ChunkedLogProb` projects C tokens at a time, keeps only the per-token log-sum-exp and entropy, and recomputes each
+chunk's logits in backward: what waits for backward is O(T) plus the inputs, the transient peak O(C × V). The
+matmuls run in `matmul_dtype` (fp32, or the autocast dtype under CUDA autocast, as verl's and TRL's bf16 lm_head);
+everything after them is fp32, and the weight gradient accumulates in fp32 across chunks. On CUDA with 16-bit logits
+that math is two Triton kernels (`kernels/logprob_entropy_triton.py`); the plain-PyTorch reference
+(`kernels/logprob_entropy.py`) runs on CPU and under `fused_kernels(False)`. docs/architecture.md has the design.
 
 Legend: T tokens, C tokens in one chunk, D hidden size, V vocabulary.
 """
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 from torch import Tensor
 
 from nonstop.kernels.dispatch import use_fused_logprob
 from nonstop.kernels.logprob_entropy import logprob_entropy_grad_reference, logprob_entropy_reference
+
+
+class PackedResponses(Protocol):
+    """A packed micro-batch (batching/packing.py, plain or prefix-grouped): its tokens, their positions and
+    attention backend, and for each response token the packed position whose hidden state predicts it."""
+
+    input_ids_T: Tensor
+    positions_T: Tensor
+    predict_index_R: Tensor
+    target_ids_R: Tensor
+
+    def attention(self): ...
 
 
 def _chunk_logprob_entropy(logits_CV: Tensor, target_C: Tensor, temperature: float, compute_entropy: bool, fused: bool):
@@ -153,3 +159,23 @@ def full_logprobs_and_entropy(
     """The plain computation `chunked_logprobs_and_entropy` must equal; materialises `[T, V]` fp32 logits."""
     logp_TV = torch.log_softmax((hidden_TD.float() @ lm_head_weight_VD.float().T) / temperature, dim=-1)
     return logp_TV.gather(1, target_ids_T.long()[:, None]).squeeze(1), -(logp_TV.exp() * logp_TV).sum(-1)
+
+
+def response_logprobs(
+    model: torch.nn.Module,
+    batch: PackedResponses,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    compute_entropy: bool = True,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-prob of every response token (and the entropy there), fp32 `[R]` in packed order, differentiable
+    w.r.t. the model's parameters. `model` is a `CausalLM`: packed forward to final-norm hidden, `lm_head.weight`."""
+    hidden_TD = model(batch.input_ids_T, batch.positions_T, batch.attention())
+    return chunked_logprobs_and_entropy(
+        hidden_TD[batch.predict_index_R],
+        model.lm_head.weight,
+        batch.target_ids_R,
+        temperature=temperature,
+        chunk_size=chunk_size,
+        compute_entropy=compute_entropy,
+    )

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from nonstop.batching.packing import pack_sequences
 from nonstop.models import CausalLM, ModelConfig, PackedAttention
-from nonstop.train.packing import pack_sequences, response_logprobs
+from nonstop.models.logprob import response_logprobs
 
 
 def tiny_model(seed: int, tie_word_embeddings: bool) -> CausalLM:

@@ -4,7 +4,7 @@ share of the global `ppo_mini_batch_size`), micro-batches by count or token budg
 packed per-token results to `[b, L]` rows.
 
 Prefix-grouped micro-batches by token budget hold whole prompt groups, each costing its prompt once plus its
-responses (train/prefix_grouping.py). Across ranks every rank gets the largest rank's micro-batch count, so their
+responses (prefix_grouping.py). Across ranks every rank gets the largest rank's micro-batch count, so their
 collectives line up.
 
 Legend: b samples of one micro-batch, L padded response width, R response tokens.
@@ -12,27 +12,35 @@ Legend: b samples of one micro-batch, L padded response width, R response tokens
 
 from __future__ import annotations
 
-import contextlib
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from nonstop.batching.balancing import fixed_micro_batches, split_to_count, token_budget_micro_batches
+from nonstop.batching.batch import RolloutBatch
+from nonstop.batching.packing import PackedBatch, pack_sequences
+from nonstop.batching.prefix_grouping import (
+    PrefixGroupedBatch,
+    group_by_prompt,
+    pack_prefix_groups,
+    prefix_grouped_micro_batches,
+    prefix_saved_fraction,
+)
 from nonstop.config.actor import PREFIX_GROUPER_AUTO_MIN_SAVED
 from nonstop.dist.collectives import all_reduce_max
 from nonstop.dist.process_group import current
-from nonstop.train import (
-    PackedBatch,
-    PrefixGroupedBatch,
-    fixed_micro_batches,
-    group_by_prompt,
-    pack_prefix_groups,
-    pack_sequences,
-    prefix_grouped_micro_batches,
-    prefix_saved_fraction,
-    split_to_count,
-    token_budget_micro_batches,
-)
-from nonstop.trainer.rollout_batch import RolloutBatch
+
+
+@dataclass(frozen=True)
+class MicroBatching:
+    """One pass's micro-batch rule, from its config keys (verl's): a token budget when `use_dynamic_bsz`, else
+    `micro_batch_size` samples (None = all of them). `key` names the budget's config key in errors."""
+
+    use_dynamic_bsz: bool
+    max_token_len: int
+    micro_batch_size: int | None
+    key: str
 
 
 def mini_batches(batch: RolloutBatch, size: int) -> list[list[int]]:
@@ -57,32 +65,24 @@ def prefix_grouped(use_prefix_grouper: bool | str, batch: RolloutBatch, rows: li
 
 
 def micro_batches(
-    batch: RolloutBatch,
-    rows: list[int],
-    device: torch.device,
-    use_dynamic_bsz: bool,
-    max_token_len: int,
-    micro_batch_size: int | None,
-    grouped: bool = False,
-    key: str = "ppo_max_token_len_per_gpu",
+    batch: RolloutBatch, rows: list[int], device: torch.device, rule: MicroBatching, grouped: bool = False
 ) -> list[list[int]]:
-    """Index lists into `rows`' samples: by token budget (`use_dynamic_bsz`; whole prompt groups, each costing its
-    prompt once, when `grouped`) or by count (None = all of them). Across ranks, every rank gets the largest rank's
-    count."""
+    """Index lists into `rows`' samples: by token budget (whole prompt groups, each costing its prompt once, when
+    `grouped`) or by count. Across ranks, every rank gets the largest rank's count."""
     lengths = [batch.total_lengths[r] for r in rows]
-    if use_dynamic_bsz:
+    if rule.use_dynamic_bsz:
         if grouped:
             prompts = [batch.samples[r].prompt_token_ids for r in rows]
             responses = [batch.response_lengths[r] for r in rows]
-            parts = prefix_grouped_micro_batches(prompts, responses, max_token_len, key=key)
+            parts = prefix_grouped_micro_batches(prompts, responses, rule.max_token_len, key=rule.key)
         else:
-            parts = token_budget_micro_batches(lengths, max_token_len, key=key)
+            parts = token_budget_micro_batches(lengths, rule.max_token_len, key=rule.key)
     else:
-        parts = fixed_micro_batches(len(rows), micro_batch_size or len(rows))
+        parts = fixed_micro_batches(len(rows), rule.micro_batch_size or len(rows))
     count = all_reduce_max(len(parts), device)
     if count > len(parts):
-        if use_dynamic_bsz and not grouped:
-            parts = token_budget_micro_batches(lengths, max_token_len, min_num_micro_batches=count, key=key)
+        if rule.use_dynamic_bsz and not grouped:
+            parts = token_budget_micro_batches(lengths, rule.max_token_len, min_num_micro_batches=count, key=rule.key)
         else:
             parts = split_to_count(parts, lengths, count)
     return [[rows[i] for i in part] for part in parts]
@@ -115,10 +115,3 @@ def unpack_rows(values_R: Tensor, packed: PackedBatch | PrefixGroupedBatch, orde
     unpack_b = torch.empty(len(order), dtype=torch.long)
     unpack_b[order] = torch.arange(len(order))
     return values_bL[unpack_b.to(values_R.device)]
-
-
-def autocast(device: torch.device, compute_dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
-    """Forward and backward under `compute_dtype` autocast on CUDA; a no-op elsewhere or without a dtype."""
-    if device.type == "cuda" and compute_dtype is not None:
-        return torch.autocast("cuda", dtype=compute_dtype)
-    return contextlib.nullcontext()

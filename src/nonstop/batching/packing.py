@@ -4,7 +4,8 @@ Sequence i occupies packed tokens `[cu[i], cu[i + 1])`: its prompt, then its res
 The logits at packed position t predict token t + 1, so response token r is scored from the hidden state one to its
 left: `predict_index_R = response_index_R - 1`. That index never crosses into the previous sequence because every
 prompt has at least one token. The trainer gathers `hidden_TD[predict_index_R]` and scores `target_ids_R` against
-it: R response tokens, in packed order (sequence by sequence), nothing computed for prompt tokens.
+it (models/logprob.py's `response_logprobs`): R response tokens, in packed order (sequence by sequence), nothing
+computed for prompt tokens.
 
 Legend: T packed tokens, R response tokens (summed over sequences), N sequences.
 """
@@ -13,17 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from nonstop.models.attention import PackedAttention, packed_positions
 from nonstop.models.transfer import concat_to_device
-from nonstop.train.logprob import chunked_logprobs_and_entropy
-
-if TYPE_CHECKING:
-    from nonstop.train.prefix_grouping import PrefixGroupedBatch
 
 
 @dataclass
@@ -81,25 +77,4 @@ def pack_sequences(
         response_mask_T=mask_T.bool(),
         predict_index_R=predict_R,
         target_ids_R=target_R,
-    )
-
-
-def response_logprobs(
-    model: torch.nn.Module,
-    batch: PackedBatch | PrefixGroupedBatch,
-    temperature: float = 1.0,
-    chunk_size: int = 1024,
-    compute_entropy: bool = True,
-) -> tuple[Tensor, Tensor | None]:
-    """Log-prob of every response token (and the entropy there), fp32 `[R]` in packed order, differentiable
-    w.r.t. the model's parameters. `model` is a `CausalLM`: packed forward to final-norm hidden, `lm_head.weight`.
-    `batch` is plain or prefix-grouped packing: each brings its positions, attention backend and predict indices."""
-    hidden_TD = model(batch.input_ids_T, batch.positions_T, batch.attention())
-    return chunked_logprobs_and_entropy(
-        hidden_TD[batch.predict_index_R],
-        model.lm_head.weight,
-        batch.target_ids_R,
-        temperature=temperature,
-        chunk_size=chunk_size,
-        compute_entropy=compute_entropy,
     )

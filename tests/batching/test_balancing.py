@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from nonstop.train.balancing import (
+from nonstop.batching.balancing import (
     balance_across_ranks,
     balanced_partitions,
     fixed_micro_batches,

@@ -1,6 +1,7 @@
-"""Data-parallel rollout: each rank generates for its share of the step's prompts with its own engine, and before
-training the ranks trade whole GRPO groups so every rank trains on about the same number of tokens (Karmarkar–Karp,
-`balance_across_ranks`). A group never straddles ranks, so group-relative advantages stay rank-local."""
+"""Each data-parallel rank's share of a step: the contiguous share of a prompt list a rank generates for, and the
+whole GRPO groups it trains on, traded between ranks so every rank trains on about the same number of tokens
+(Karmarkar–Karp, `balance_across_ranks`). A group never straddles ranks, so group-relative advantages stay
+rank-local."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from typing import TypeVar
 
 import torch
 
+from nonstop.batching.balancing import balance_across_ranks
+from nonstop.batching.batch import RolloutBatch
 from nonstop.dist.collectives import all_gather_objects
 from nonstop.dist.process_group import DistInfo
-from nonstop.train import balance_across_ranks
-from nonstop.trainer.rollout_batch import RolloutBatch
 
 T = TypeVar("T")
 
@@ -29,14 +30,24 @@ def rank_share(items: Sequence[T], info: DistInfo, even: bool = True) -> tuple[i
     return start, list(items[start:stop])
 
 
-def balance_batch(batch: RolloutBatch, scores_B: torch.Tensor, info: DistInfo) -> tuple[RolloutBatch, torch.Tensor]:
-    """Every rank's samples and scores gathered, then re-split by token count (`balanced_share`)."""
-    if not info.distributed:
+def train_share(
+    batch: RolloutBatch, scores_B: torch.Tensor, info: DistInfo, every_rank: bool, balance: bool
+) -> tuple[RolloutBatch, torch.Tensor]:
+    """The samples this rank trains on. `every_rank`: every rank holds the whole `batch` (split placement's blocks),
+    each keeps its share of whole groups, token-balanced when `balance` (`trainer.balance_batch`); otherwise `batch` is
+    this rank's own generation, rebalanced over the ranks when `balance`."""
+    if every_rank:
+        if balance:
+            return balanced_share(batch, scores_B, info)
+        _, rows = rank_share(list(range(len(batch))), info)  # B·n rows, B a multiple of the ranks
+        return RolloutBatch([batch.samples[i] for i in rows], batch.max_response_length), scores_B[rows]
+    if not balance:
         return batch, scores_B
     gathered = all_gather_objects((batch.samples, scores_B.tolist()))
     samples = [s for part, _ in gathered for s in part]
     scores = [x for _, part in gathered for x in part]
-    return balanced_share(RolloutBatch(samples, batch.max_response_length), torch.tensor(scores, dtype=scores_B.dtype), info)
+    whole = RolloutBatch(samples, batch.max_response_length)
+    return balanced_share(whole, torch.tensor(scores, dtype=scores_B.dtype), info)
 
 
 def balanced_share(batch: RolloutBatch, scores_B: torch.Tensor, info: DistInfo) -> tuple[RolloutBatch, torch.Tensor]:

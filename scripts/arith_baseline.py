@@ -1,6 +1,6 @@
 """The starting reward of a model on the built-in task: what `nonstop/arith`'s difficulty was tuned against.
 
-    python -m nonstop.data.arith_baseline [--prompts 64] [--n 4] [--max-tokens 32] [--split train]
+    python scripts/arith_baseline.py [--prompts 64] [--n 4] [--max-tokens 32] [--split train]
 
 Prints one JSON line per mode (greedy; sampled at temperature 1 with a seed per prompt): mean reward, accuracy,
 how many groups of n samples hold different rewards (GRPO's signal) and how many are all wrong.
@@ -12,7 +12,8 @@ import argparse
 import json
 import time
 
-from nonstop.data.arith import DEFAULT_MAX_OPERAND, arith_rows, score_arith
+from nonstop.data.arith import DEFAULT_MAX_OPERAND, arith_rows
+from nonstop.rewards.arith import score_arith
 
 
 def measure(llm, tokenizer, rows, params: list) -> dict:

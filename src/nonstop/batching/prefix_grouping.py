@@ -24,10 +24,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from nonstop.batching.balancing import token_budget_micro_batches
 from nonstop.models.prefix_attention import PrefixGroupedAttention
 from nonstop.models.prefix_layout import PrefixGroupLayout
 from nonstop.models.transfer import concat_to_device
-from nonstop.train.balancing import token_budget_micro_batches
 
 TokenIds = Sequence[int] | Tensor
 
@@ -60,8 +60,8 @@ def pack_prefix_groups(
     groups: Sequence[tuple[TokenIds, Sequence[TokenIds]]], device: torch.device | str = "cpu"
 ) -> PrefixGroupedBatch:
     """One micro-batch from (prompt_ids, [response_ids, …]) groups, in the order given. Built with numpy on the host
-    and sent in one copy: the update waits for it with the GPU idle (per-response torch ops and a device nonzero
-    took ~9 ms of a Qwen2.5-0.5B step's host time on the H200, with Python stacks traced)."""
+    and sent in one copy: the update waits for it with the GPU idle, and per-response torch ops and a device nonzero
+    made that wait long (docs/dev-log.md)."""
     if not groups:
         raise ValueError("cannot pack an empty micro-batch")
     pieces, segment_lengths, segment_ids, position_starts, group_lengths = [], [], [], [], []

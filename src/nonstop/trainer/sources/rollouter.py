@@ -1,22 +1,9 @@
 """The rollouter of the overlap modes: a background thread that drives the engine while the trainer trains.
 
-Prompts are admitted as GRPO groups in data order; group g (0-based) belongs to block ⌊g/B⌋ (B = prompts per
-step) and is trained at step ⌊g/B⌋ + 1, whose weights are policy version ⌊g/B⌋ (version = trainer steps taken).
-Admission is the staleness bound: group g starts only while the engine's version v satisfies
-g < (v + max_staleness + 1)·B, so every token of it comes from a version ≥ v ≥ ⌊g/B⌋ − max_staleness and no
-finished sample ever has to be dropped for being too old. With max_staleness=0 a block is admitted only once the
-weights that will train it are in the engine: the sync loop, step for step.
-
-The engine belongs to this thread except while the trainer holds `paused()`: the thread parks, in-flight requests
-are aborted (the engine returns their partial tokens and log-probs) and, when the pause ends, re-queued oldest
-group first: as n=1 continuations with the same seed and sample index (a group with no token yet as its original
-n-sample request): with unchanged weights exactly the tokens the uninterrupted run would have drawn, after a weight
-update the rest of the sequence from the new weights (partial rollout). Every token
-records the version that sampled it. `publish` is the weight update: with `partial_rollout=False` it first stops
-admitting and waits for the in-flight requests to finish on the old weights (verl's one-step-off behaviour).
-
-On CUDA the thread runs the engine on its own stream, so decode overlaps the trainer's kernels; entering and
-leaving a pause orders the two streams (no host sync), which also orders the weight copy against both.
+Prompts are admitted as GRPO groups in data order under the staleness bound (group g starts only while the engine's
+version v satisfies g < (v + max_staleness + 1)·B, so no finished sample is ever too old to train); `paused()` lends
+the engine to the trainer, aborting in-flight requests and continuing them afterwards; `publish` is the weight
+update. docs/architecture.md ("Overlapped") has the design.
 """
 
 from __future__ import annotations

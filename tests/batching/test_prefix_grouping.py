@@ -6,16 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nonstop.models import CausalLM, ModelConfig
-from nonstop.models.prefix_layout import PrefixGroupLayout
-from nonstop.train import (
+from nonstop.batching.packing import pack_sequences
+from nonstop.batching.prefix_grouping import (
     group_by_prompt,
     pack_prefix_groups,
-    pack_sequences,
     prefix_grouped_micro_batches,
     prefix_saved_fraction,
-    response_logprobs,
 )
+from nonstop.models import CausalLM, ModelConfig
+from nonstop.models.logprob import response_logprobs
+from nonstop.models.prefix_layout import PrefixGroupLayout
 
 VOCAB = 97
 

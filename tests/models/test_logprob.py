@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nonstop.train.logprob import chunked_logprobs_and_entropy, full_logprobs_and_entropy
+from nonstop.models.logprob import chunked_logprobs_and_entropy, full_logprobs_and_entropy
 
 
 def make_inputs(seed, T, D, V, dtype=torch.float32):

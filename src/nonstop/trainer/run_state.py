@@ -1,0 +1,76 @@
+"""The trainer's side of checkpoints: what a run's `TrainingState` holds (scheduler, loader positions, counters and
+the sample source's own state) beside the tensors checkpoint.py writes, and how a run continues from one per
+`trainer.resume_mode`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from nonstop.trainer.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
+from nonstop.trainer.sources.base import loader_state
+
+if TYPE_CHECKING:
+    from nonstop.trainer.loop import Trainer
+
+
+def save_run(trainer: Trainer, step: int) -> Path:
+    state = TrainingState(
+        step=step,
+        scheduler=trainer.actor.scheduler.state_dict(),
+        train_loader=trainer.source.loader_state(step),
+        val_loader=loader_state(trainer.val_loader),
+        extra={
+            "skipped_steps": trainer.actor.skipped_steps,
+            "nonfinite_streak": trainer.nonfinite_streak,
+            "source": trainer.source.state_dict(),
+        },
+    )
+    critic = None
+    if trainer.critic is not None:
+        critic = (trainer.critic.model, trainer.critic.optimizer)
+        state.extra["critic_scheduler"] = trainer.critic.scheduler.state_dict()
+        state.extra["critic_skipped_steps"] = trainer.critic.skipped_steps
+    trainer_cfg = trainer.config.trainer
+    return save_checkpoint(
+        trainer.ckpt_root,
+        state,
+        trainer.model,
+        trainer.actor.optimizer,
+        trainer.tokenizer,
+        trainer_cfg.max_actor_ckpt_to_keep,
+        critic=critic,
+        critic_keep=trainer_cfg.max_critic_ckpt_to_keep,
+    )
+
+
+def resume_run(trainer: Trainer) -> int | None:
+    """Load the checkpoint `trainer.resume_mode` names and publish its weights; returns its step, or None when
+    starting fresh."""
+    trainer_cfg = trainer.config.trainer
+    if trainer_cfg.resume_mode == "disable":
+        return None
+    if trainer_cfg.resume_mode == "resume_path":
+        path = Path(trainer_cfg.resume_from_path)
+        if not (path / "trainer_state.json").is_file():
+            raise ValueError(f"trainer.resume_from_path={str(path)!r} is not a checkpoint directory")
+    else:
+        path = latest_checkpoint(trainer.ckpt_root)
+        if path is None:
+            return None
+    critic = None if trainer.critic is None else (trainer.critic.model, trainer.critic.optimizer)
+    state = load_checkpoint(path, trainer.model, trainer.actor.optimizer, critic=critic)
+    trainer.actor.scheduler.load_state_dict(state.scheduler)
+    if trainer.critic is not None:
+        trainer.critic.scheduler.load_state_dict(state.extra["critic_scheduler"])
+        trainer.critic.skipped_steps = state.extra["critic_skipped_steps"]
+    for loader, saved in ((trainer.train_loader, state.train_loader), (trainer.val_loader, state.val_loader)):
+        if saved is not None and loader is not None:
+            loader.load_state_dict(saved)
+    trainer.actor.skipped_steps = state.extra["skipped_steps"]
+    trainer.nonfinite_streak = state.extra["nonfinite_streak"]
+    trainer.source.load_state_dict(state.extra["source"])
+    trainer.source.publish_weights(state.step)
+    if trainer.rank_zero:
+        print(f"resumed from {path} (step {state.step})", flush=True)
+    return state.step
