@@ -82,3 +82,41 @@ def test_async_training_section():
     )
     with pytest.raises(ConfigError, match="async_training.rollout_stream_priority='top': must be one of normal, high"):
         load_config(None, ["async_training.rollout_stream_priority=top"])
+
+
+def test_clip_ratio_is_the_default_of_both_bounds():
+    default = load_config(None, []).actor_rollout_ref.actor
+    assert (default.clip_ratio_low, default.clip_ratio_high) == (0.2, 0.2)
+    actor = load_config(None, ["actor_rollout_ref.actor.clip_ratio=0.3"]).actor_rollout_ref.actor
+    assert (actor.clip_ratio_low, actor.clip_ratio_high) == (0.3, 0.3)
+    clip_higher = ["actor_rollout_ref.actor.clip_ratio=0.3", "actor_rollout_ref.actor.clip_ratio_high=0.28"]
+    actor = load_config(None, clip_higher).actor_rollout_ref.actor
+    assert (actor.clip_ratio_low, actor.clip_ratio_high) == (0.3, 0.28)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("actor_rollout_ref.actor.shuffle=True", "mini-batches are contiguous runs of prompts"),
+        ("critic.shuffle=True", "mini-batches are contiguous runs of prompts"),
+        ("data.reward_fn_key=source", "chosen by each row's data_source column"),
+        ("data.tokenizer=/some/tokenizer", "set actor_rollout_ref.model.tokenizer_path"),
+        ("trainer.log_val_generations=10", "set trainer.validation_data_dir"),
+    ],
+)
+def test_keys_nonstop_does_not_act_on_are_refused_with_what_to_do(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
+def test_keys_whose_job_nonstop_always_does_are_accepted_at_any_value():
+    accepted = [
+        "actor_rollout_ref.actor.shuffle=False",
+        "actor_rollout_ref.actor.data_loader_seed=7",
+        "data.reward_fn_key=data_source",
+        "data.dataloader_num_workers=0",
+        "critic.model.tokenizer_path=/some/tokenizer",
+        "reward_model.model.input_tokenizer=/some/tokenizer",
+        "trainer.log_val_generations=0",
+    ]
+    load_config(None, accepted)

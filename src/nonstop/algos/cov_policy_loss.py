@@ -20,10 +20,10 @@ without dual clip, and `actor/pg_clipfrac` is the fraction of tokens Clip-Cov de
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
+
+from nonstop.config.actor import ActorConfig
 
 from .aggregate import agg_loss
 from .masked import masked_mean
@@ -47,7 +47,7 @@ def compute_policy_loss_clip_cov(
     advantages: Tensor,
     response_mask: Tensor,
     loss_agg_mode: str,
-    config: Any,
+    config: ActorConfig,
     rollout_is_weights: Tensor | None = None,
     global_batch_info: dict | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -90,7 +90,7 @@ def compute_policy_loss_kl_cov(
     advantages: Tensor,
     response_mask: Tensor,
     loss_agg_mode: str,
-    config: Any,
+    config: ActorConfig,
     rollout_is_weights: Tensor | None = None,
     global_batch_info: dict | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:

@@ -5,7 +5,7 @@ Every loss has verl's signature:
     loss_fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
             rollout_is_weights=None, global_batch_info=None) -> (loss, metrics)
 
-`config` is the actor config (any object with `clip_ratio_low`, `clip_ratio_high`, `clip_ratio_c`);
+`config` is the actor config (its `clip_ratio_low`, `clip_ratio_high`, `clip_ratio_c` and `policy_loss` are read);
 `rollout_is_weights` `[B, L]` (see `rollout_correction.py`) multiply the per-token losses;
 `global_batch_info` is forwarded to `agg_loss`. Metrics use verl's keys (`actor/pg_clipfrac`,
 `actor/ppo_kl`, `actor/pg_clipfrac_lower`) but hold detached 0-dim tensors, not floats: calling
@@ -15,10 +15,11 @@ Every loss has verl's signature:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import Tensor
+
+from nonstop.config.actor import ActorConfig
 
 from .aggregate import agg_loss
 from .masked import masked_mean
@@ -58,7 +59,7 @@ def compute_policy_loss_vanilla(
     advantages: Tensor,
     response_mask: Tensor,
     loss_agg_mode: str,
-    config: Any,
+    config: ActorConfig,
     rollout_is_weights: Tensor | None = None,
     global_batch_info: dict | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -100,7 +101,7 @@ def compute_policy_loss_gspo(
     advantages: Tensor,
     response_mask: Tensor,
     loss_agg_mode: str,
-    config: Any,
+    config: ActorConfig,
     rollout_is_weights: Tensor | None = None,
     global_batch_info: dict | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -139,7 +140,7 @@ def compute_policy_loss_cispo(
     advantages: Tensor,
     response_mask: Tensor,
     loss_agg_mode: str,
-    config: Any,
+    config: ActorConfig,
     rollout_is_weights: Tensor | None = None,
     global_batch_info: dict | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:

@@ -53,11 +53,11 @@ class ActorConfig:
         f"auto = when that skips >= {PREFIX_GROUPER_AUTO_MIN_SAVED:.0%} of the batch's tokens",
     )
     ppo_epochs: int = option(1, "Passes over each step's batch")
-    shuffle: bool = option(False, "Shuffle samples between mini-batches")
-    data_loader_seed: int = option(42, "Seed of that shuffle")
-    clip_ratio: float = option(0.2, "PPO clip range, used where clip_ratio_low/high are not set")
-    clip_ratio_low: float = option(0.2, "Lower PPO clip: ratio >= 1 - clip_ratio_low")
-    clip_ratio_high: float = option(0.2, "Upper PPO clip: ratio <= 1 + clip_ratio_high (DAPO clip-higher)")
+    clip_ratio: float = option(0.2, "PPO clip range: the default of clip_ratio_low and clip_ratio_high")
+    clip_ratio_low: float | None = option(None, "Lower PPO clip: ratio >= 1 - clip_ratio_low; null = clip_ratio")
+    clip_ratio_high: float | None = option(
+        None, "Upper PPO clip: ratio <= 1 + clip_ratio_high (DAPO clip-higher); null = clip_ratio"
+    )
     clip_ratio_c: float = option(3.0, "Dual-clip bound for negative advantages (> 1)")
     policy_loss: PolicyLossConfig = section(PolicyLossConfig, "Policy loss family")
     loss_agg_mode: str = option("token-mean", "How token losses become one number")
@@ -81,7 +81,8 @@ class ActorConfig:
         check_choice("use_prefix_grouper", self.use_prefix_grouper, PREFIX_GROUPER_CHOICES)
         check(self.ppo_epochs >= 1, "ppo_epochs", self.ppo_epochs, "must be >= 1")
         for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
-            check(getattr(self, key) >= 0, key, getattr(self, key), "must be >= 0")
+            value = getattr(self, key)
+            check(value is None or value >= 0, key, value, "must be >= 0")
         check(self.clip_ratio_c > 1, "clip_ratio_c", self.clip_ratio_c, "must be > 1 (dual-clip lower bound)")
         check_choice("loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
         check(self.kl_loss_coef >= 0, "kl_loss_coef", self.kl_loss_coef, "must be >= 0")

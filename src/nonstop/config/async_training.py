@@ -38,7 +38,7 @@ class AsyncTrainingConfig:
         "normal",
         "(nonstop) one_step_off / async on one GPU: CUDA priority of the rollouter's stream. high: the block "
         "scheduler dispatches decode kernels (short, latency-bound) ahead of the update's as SMs free up; normal: "
-        "the same priority as the update. Measured on one H200: +0.01 to +0.10x step throughput (docs/modes.md)",
+        "the same priority as the update (docs/modes.md has what it gave)",
     )
 
     def __post_init__(self):

@@ -14,7 +14,6 @@ from .spec import option, section
 @dataclass
 class CriticModelConfig:
     path: str | None = option(None, "Value model initialization; null = actor_rollout_ref.model.path")
-    tokenizer_path: str | None = option(None, "Tokenizer location; null = the actor's")
     override_config: dict[str, Any] = option({}, "Entries overriding the model's config.json")
     enable_gradient_checkpointing: bool = option(True, "Recompute activations in the backward pass")
     fsdp_config: FSDPConfig = section(FSDPConfig, "Critic sharding and precision")
@@ -41,7 +40,6 @@ class CriticConfig:
         "null = actor_rollout_ref.actor.use_prefix_grouper",
     )
     ppo_epochs: int | None = option(None, "Passes over each step's batch; null = the actor's")
-    shuffle: bool | None = option(None, "Shuffle between mini-batches; null = the actor's")
     cliprange_value: float = option(0.5, "Clip range of the value loss")
     loss_agg_mode: str | None = option(None, "How token losses become one number; null = the actor's")
     grad_clip: float = option(1.0, "Gradient-norm clip")

@@ -17,9 +17,7 @@ class DataConfig:
         None, "Training prompts: verl parquet or GSM8K jsonl file(s); null = nonstop's built-in task"
     )
     val_files: str | list[str] | None = option(None, "Validation prompts, same formats; null = the built-in task's")
-    tokenizer: str | None = option(None, "Tokenizer path; null = the model's own")
     prompt_key: str = option("prompt", "Column holding the prompt (a chat message list or a string)")
-    reward_fn_key: str = option("data_source", "Column that selects the reward function")
     train_max_samples: int = option(-1, "Use at most this many training rows; -1 = all")
     val_max_samples: int = option(-1, "Use at most this many validation rows; -1 = all")
     max_prompt_length: int = option(512, "Longest prompt in tokens (see `truncation`)")
@@ -32,7 +30,6 @@ class DataConfig:
     shuffle: bool = option(True, "Shuffle training prompts each epoch")
     validation_shuffle: bool = option(False, "Shuffle validation prompts")
     seed: int | None = option(None, "Seed of the training shuffle; null = a fixed default")
-    dataloader_num_workers: int = option(8, "Worker processes reading and tokenizing prompts")
     filter_overlong_prompts: bool = option(False, "Drop prompts longer than max_prompt_length when loading")
     truncation: str = option("error", "Prompt longer than max_prompt_length: error, or cut left, right or middle")
     apply_chat_template_kwargs: dict[str, Any] = option({}, "Extra keyword arguments for the chat template")
@@ -43,5 +40,4 @@ class DataConfig:
         check(self.train_batch_size >= 1, "train_batch_size", self.train_batch_size, "must be >= 1")
         check_positive_or_none("gen_batch_size", self.gen_batch_size)
         check_positive_or_none("val_batch_size", self.val_batch_size)
-        check(self.dataloader_num_workers >= 0, "dataloader_num_workers", self.dataloader_num_workers, "must be >= 0")
         check_choice("truncation", self.truncation, TRUNCATIONS)

@@ -23,9 +23,6 @@ class CustomRewardFunctionConfig:
 @dataclass
 class RewardModelModelConfig:
     path: str | None = option(None, "Reward model (HF sequence classifier)")
-    input_tokenizer: str | None = option(
-        None, "verl's policy tokenizer for decoding before the RM's chat template; nonstop always uses the actor's"
-    )
 
 
 @dataclass

@@ -81,6 +81,10 @@ class NonstopConfig:
 
     def _inherit_from_actor(self) -> None:
         actor, critic = self.actor_rollout_ref.actor, self.critic
+        if actor.clip_ratio_low is None:
+            actor.clip_ratio_low = actor.clip_ratio
+        if actor.clip_ratio_high is None:
+            actor.clip_ratio_high = actor.clip_ratio
         for log_prob in (self.actor_rollout_ref.rollout, self.actor_rollout_ref.ref):
             if log_prob.log_prob_micro_batch_size_per_gpu is None:
                 log_prob.log_prob_micro_batch_size_per_gpu = actor.ppo_micro_batch_size_per_gpu
@@ -96,7 +100,6 @@ class NonstopConfig:
             "use_dynamic_bsz",
             "use_prefix_grouper",
             "ppo_epochs",
-            "shuffle",
         )
         for key in inherited:
             if getattr(critic, key) is None:

@@ -42,9 +42,12 @@ class TrainerConfig:
     logger: list[str] = option(
         ["console"], "Metric sinks: console, wandb, tensorboard (metrics.jsonl is always written)"
     )
-    log_val_generations: int = option(0, "Validation generations logged per validation")
-    rollout_data_dir: str | None = option(None, "Directory to dump each step's rollouts as jsonl; null = off")
-    validation_data_dir: str | None = option(None, "Directory to dump validation generations; null = off")
+    rollout_data_dir: str | None = option(
+        None, "Directory for each step's trained samples as JSONL (<step>.jsonl: input, output, score); null = off"
+    )
+    validation_data_dir: str | None = option(
+        None, "Directory for each validation's generations as JSONL (<step>.jsonl); null = off"
+    )
     test_freq: int = option(-1, "Validate every this many steps; <= 0 = never")
     val_before_train: bool = option(True, "Validate before the first step")
     val_only: bool = option(False, "Validate and exit")

@@ -61,6 +61,11 @@ RULES: tuple[Unsupported, ...] = (
     Unsupported("trainer.ray_wait_register_center_timeout", _RAY, ANY),
     Unsupported("trainer.use_legacy_worker_impl", "nonstop has one worker implementation", ANY),
     Unsupported("trainer.esi_redundant_time", "only used by verl's ESI checkpointing", ANY),
+    Unsupported(
+        "trainer.log_val_generations",
+        "validation generations go to a file: set trainer.validation_data_dir",
+        (0,),
+    ),
     Unsupported("trainer.default_hdfs_dir", "HDFS upload is not supported; copy trainer.default_local_dir", (None,)),
     Unsupported(
         "trainer.del_local_ckpt_after_load", "checkpoints are kept; use trainer.max_actor_ckpt_to_keep", (False,)
@@ -106,6 +111,10 @@ RULES: tuple[Unsupported, ...] = (
     Unsupported("*.optim.total_training_steps", "set trainer.total_training_steps", (-1,)),
     Unsupported("*.optim.override_optimizer_config", "nonstop uses torch.optim.AdamW", (None,)),
     Unsupported("*.rollout_n", "set actor_rollout_ref.rollout.n"),
+    Unsupported("*.shuffle", "mini-batches are contiguous runs of prompts, in data order", (False, None)),
+    Unsupported("actor_rollout_ref.actor.data_loader_seed", "mini-batches are not shuffled", ANY),
+    Unsupported("critic.model.tokenizer_path", "the critic reads the actor's token ids", ANY),
+    Unsupported("reward_model.model.input_tokenizer", "responses are decoded with the actor's tokenizer", ANY),
     Unsupported("actor_rollout_ref.actor.loss_scale_factor", "set actor_rollout_ref.actor.loss_agg_mode", (None,)),
     Unsupported("actor_rollout_ref.actor.tau_*", "SAPO is not implemented", ANY),
     Unsupported("*.freeze_vision_tower", "multimodal models are not supported", (False,)),
@@ -163,6 +172,9 @@ RULES: tuple[Unsupported, ...] = (
     Unsupported("data.datagen", "dynamic data generation is not supported", ANY),
     Unsupported("data.tool_config_path", "tool calling is not implemented", (None,)),
     Unsupported("data.trust_remote_code", "remote code is never run", (False,)),
+    Unsupported("data.reward_fn_key", "the scorer is chosen by each row's data_source column", ("data_source",)),
+    Unsupported("data.tokenizer", "set actor_rollout_ref.model.tokenizer_path", (None,)),
+    Unsupported("data.dataloader_num_workers", "prompts are read and tokenized once, in the trainer process", ANY),
     # Algorithm variants.
     Unsupported("algorithm.use_pf_ppo", "PF-PPO is not implemented", (False,)),
     Unsupported("algorithm.pf_ppo", "PF-PPO is not implemented", ANY),
