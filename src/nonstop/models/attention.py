@@ -65,7 +65,7 @@ def flash_varlen_causal_attention(
 ) -> Tensor:
     """`varlen_causal_attention` for the rollout engine's prefill: the FlashAttention-2 op `varlen_attn` wraps, called
     directly. Every layer of every eager prefill step calls it, and `varlen_attn` reaches the op through a Python
-    custom op (~35 us of host time per call, CPU measurement) that also zero-fills an rng-state tensor (one more
+    custom op (host time on every call, docs/dev-log.md) that also zero-fills an rng-state tensor (one more
     launch). Same kernel, same arguments: causal (FlashAttention sets the right window to 0, as `window_size=(-1, 0)`
     does), GQA native, default scale. Training keeps `varlen_attn`, whose custom op carries the backward."""
     dropout_p, is_causal, return_debug_mask = 0.0, True, False

@@ -4,8 +4,8 @@
 depends only on where documents, prompts and responses start and end, which the host knows before any tensor exists.
 `block_tiles` classifies every (query block, key block) tile of the padded bucket as empty, partial (FlexAttention
 applies mask_mod) or full (every pair visible: mask_mod skipped) from those boundaries alone, with O(blocks²) numpy
-on a few labels per block and never a (query, key) token pair. `create_block_mask`, which evaluates mask_mod on every
-pair, cost 3-8 ms of host time per micro-batch compiled on the H200, with the GPU idle.
+on a few labels per block and never a (query, key) token pair: `create_block_mask`, which evaluates mask_mod on every
+pair, costs host time per micro-batch with the GPU idle (docs/dev-log.md).
 
 Why a few labels per block suffice. A run is a maximal stretch of one segment of one document: a prompt, or a
 non-empty response. Padding tokens are one-token documents whose prompt is themselves, so each sees only itself, as

@@ -21,8 +21,8 @@ def host_to_device(host: Tensor, device: torch.device | str) -> Tensor:
 
 def concat_to_device(parts: Sequence[np.ndarray], device: torch.device | str) -> Tensor:
     """`np.concatenate(parts)` on `device`, as `host_to_device` sends it, but on CUDA concatenated by numpy straight
-    into the pinned buffer: pinning a finished host tensor copies it once more through torch's CPU copy, which took
-    3.9 ms for the update's 0.8 MB packed micro-batch on the H200 machine (profiled), the GPU idle meanwhile."""
+    into the pinned buffer: pinning a finished host tensor copies it once more through torch's CPU copy, with the GPU
+    idle meanwhile (docs/dev-log.md)."""
     if any(np.ndim(p) != 1 for p in parts):
         raise ValueError(f"concat_to_device takes 1-D arrays, got shapes {[np.shape(p) for p in parts]}")
     device = torch.device(device)
