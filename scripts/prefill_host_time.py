@@ -40,7 +40,7 @@ import torch
 from nonstop.bench.shapes import tiny_config
 from nonstop.models import CausalLM
 from nonstop.rollout import LLMEngine, SamplingParams
-from nonstop.rollout.llm_engine import EngineArgs
+from nonstop.rollout.engine_args import EngineArgs
 from nonstop.rollout.paged_attention import PagedAttention
 
 

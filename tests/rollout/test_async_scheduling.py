@@ -6,7 +6,7 @@ import torch
 from rollout_helpers import make_pair, random_prompts
 
 from nonstop.rollout import LLM, LLMEngine, SamplingParams
-from nonstop.rollout.llm_engine import EngineArgs
+from nonstop.rollout.engine_args import EngineArgs
 
 EOS = 36  # a frequent token of this tiny model's generations, so EOS really ends some samples
 LENGTHS = [5, 17, 33, 1, 12, 9, 26, 3]

@@ -26,7 +26,7 @@ class EagerReplay(DecodeGraphs):
         # On CPU the step buffer's device views are a staging buffer (the last one uploaded): the capture's padding
         # inputs overwrote the sampling constants it kept for its rows. On CUDA they are the device buffer, which
         # every launch uploads whole.
-        self.runner.staged_constants = [None, None]
+        self.runner.planner.staged_constants = [None, None]
 
     def _record(self, shape):
         return None

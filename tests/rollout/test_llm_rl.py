@@ -7,7 +7,7 @@ import torch
 from rollout_helpers import make_pair, random_prompts
 
 from nonstop.rollout import LLM, LLMEngine, SamplingParams
-from nonstop.rollout.llm_engine import EngineArgs
+from nonstop.rollout.engine_args import EngineArgs
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 

@@ -6,7 +6,7 @@ from rollout_helpers import hf_greedy, make_pair, random_prompts
 
 from nonstop.models import PackedAttention, packed_positions
 from nonstop.rollout import LLM, LLMEngine, SamplingParams
-from nonstop.rollout.llm_engine import EngineArgs
+from nonstop.rollout.engine_args import EngineArgs
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pytest
 from rollout_helpers import make_pair, random_prompts
 
 from nonstop.rollout import LLMEngine, SamplingParams
-from nonstop.rollout.llm_engine import EngineArgs
+from nonstop.rollout.engine_args import EngineArgs
 
 
 def slot(seq, p, B):
@@ -21,7 +21,7 @@ def checked_engine(**args) -> tuple[LLMEngine, list[int]]:
     _, model = make_pair("llama", seed=3)
     engine = LLMEngine(model, EngineArgs(**args))
     runner, checked = engine.model_runner, [0, 0]
-    sync, prepare, sampling_inputs = runner.rows.sync, runner._prepare, runner._sampling_inputs
+    sync, prepare, sampling_inputs = runner.rows.sync, runner.planner._prepare, runner.planner._sampling_inputs
 
     def checked_sync(seqs):
         rows = sync(seqs)
@@ -79,7 +79,11 @@ def checked_engine(**args) -> tuple[LLMEngine, list[int]]:
         temperature = np.array([e[0] for e in expected])
         assert plan.all_greedy == (not (temperature > 0).any())
 
-    runner.rows.sync, runner._prepare, runner._sampling_inputs = checked_sync, checked_prepare, checked_sampling_inputs
+    runner.rows.sync, runner.planner._prepare, runner.planner._sampling_inputs = (
+        checked_sync,
+        checked_prepare,
+        checked_sampling_inputs,
+    )
     return engine, checked
 
 

@@ -141,7 +141,7 @@ def test_sync_probe_is_small_after_update_weights_and_large_when_a_sync_is_misse
 
 def test_rewards_are_submitted_while_generation_is_still_running(trainer_factory):
     trainer = trainer_factory(("trainer.total_training_steps=1", "data.train_batch_size=4"))
-    engine = trainer.llm.llm_engine
+    engine = trainer.llm
     pending_at_submit = []
     real_submit = trainer.scorer.pool.submit_many
 
@@ -261,7 +261,7 @@ def test_riding_along_the_probe_is_scored_while_the_rollout_still_decodes(traine
     monkeypatch.setattr(
         generation,
         "probe_diff",
-        lambda *a: pending.append(trainer.llm.llm_engine.has_unfinished_requests()) or real(*a),
+        lambda *a: pending.append(trainer.llm.has_unfinished_requests()) or real(*a),
     )
     metrics = trainer.step(1)
     assert pending == [True]  # scored once, mid-rollout

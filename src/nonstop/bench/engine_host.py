@@ -59,7 +59,7 @@ def host_time_per_step(num_seqs: int, num_scheduler_steps: int, steps: int = 32,
     import nonstop.rollout.model_runner as model_runner
     import nonstop.rollout.paged_attention as paged_attention
     from nonstop.rollout import LLMEngine, SamplingParams
-    from nonstop.rollout.llm_engine import EngineArgs
+    from nonstop.rollout.engine_args import EngineArgs
 
     original_sample, original_attention = model_runner.sample, paged_attention.paged_decode_attention
     # The CPU reference attention loops over sequences in Python: device work that would swamp the host's. Its

@@ -61,7 +61,7 @@ def ops_per_step(params: SamplingParams, k: int, graphs: bool, num_seqs: int = 8
 
         def capture_on_cpu(shape):
             capture(shape)
-            runner.staged_constants = [None, None]  # on CPU the capture's padding overwrote a staging buffer
+            runner.planner.staged_constants = [None, None]  # on CPU the capture's padding overwrote a staging buffer
 
         runner.graphs._record = lambda shape: None
         runner.graphs.capture = counter.paused(capture_on_cpu)

@@ -51,10 +51,18 @@ class RolloutConfig:
     max_num_seqs: int = option(256, "Most sequences decoded together")
     max_num_batched_tokens: int = option(8192, "Most tokens in one engine step (prefill chunk + decodes)")
     max_model_len: int | None = option(None, "Longest sequence the engine holds; null = prompt + response length")
-    enable_chunked_prefill: bool = option(True, "Split long prefills across engine steps")
+    enable_chunked_prefill: bool = option(
+        True,
+        "Split long prefills across engine steps; false = each prompt in one step (needs max_num_batched_tokens >= "
+        "max_model_len)",
+    )
     enable_prefix_caching: bool = option(True, "Reuse KV blocks of shared prompt prefixes (reset after weight updates)")
     enforce_eager: bool = option(False, "Decode without CUDA graphs")
-    cudagraph_capture_sizes: list[int] | None = option(None, "Decode batch sizes captured as CUDA graphs; null = auto")
+    cudagraph_capture_sizes: list[int] | None = option(
+        None,
+        "Decode batch sizes captured as CUDA graphs (a batch runs the smallest size >= it; larger batches decode "
+        "eagerly); null = 1, 2, 4, 8, then multiples of 16 up to max_num_seqs",
+    )
     num_scheduler_steps: int | None = option(
         None,
         "(nonstop) Decode steps chained on the device per engine step when only decoding (same outputs as 1); "

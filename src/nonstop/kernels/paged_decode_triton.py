@@ -28,13 +28,12 @@ from nonstop.kernels.grid import next_power_of_2
 
 # The split count aims for this many programs per SM when every sequence is at its longest.
 _PROGRAMS_PER_SM = 4
-# Once (sequence, kv head) programs alone give every SM this many, splitting only adds the reduce launch (a decode
-# step's third-largest small kernel at batch 256 on the H200) and the partials' round trip: one split.
+# Once (sequence, kv head) programs alone give every SM this many, splitting only adds the reduce launch and the
+# partials' round trip: one split.
 _SINGLE_SPLIT_PROGRAMS_PER_SM = 2
 # Short contexts (RL rollouts: a few hundred tokens): once the programs cover half the SMs, one split is fastest up to
-# about this many tokens at that half (scaled with the programs, capped). H200, Qwen2.5-0.5B heads, 24 calls per
-# CUDA-graph replay (scripts/gpu/split_choice.py): 64 sequences at <= 384 tokens 6.6 µs a call at 1 split vs 8.0 at
-# the 3 the rule below picks; 128 sequences at <= 768 tokens 14.2 vs 17.4; at 1536 tokens 2-4 splits win again.
+# about this many tokens at that half (scaled with the programs, capped); chosen with scripts/gpu/split_choice.py
+# (results in bench/results/2026-12-01-h200-decode-splits.txt).
 _SHORT_CONTEXT_TOKENS = 512
 _SHORT_CONTEXT_CAP = 1024
 # A split shorter than this many tokens costs more in partial writes and reduce reads than it hides.

@@ -18,8 +18,8 @@ dtype, then their sum), so the cached key is bit-identical to the two-kernel pat
 token's score is an fp32 sum over E instead of a `tl.dot` lane, it joins the online softmax last (its probability
 rounded to the value dtype against a different running max) and the launch has no FMA contraction, so the two
 paths differ at bf16 rounding level (tests: 2e-2 of the output scale on the GPU). No FMA contraction because with
-it the H200 build contracted `x * cos + rotated * sin` across the explicit bf16 roundings, and a quarter of the
-cached key elements came out one ulp off the reference.
+it the GPU build contracted `x * cos + rotated * sin` across the explicit bf16 roundings, and cached key elements
+came out one ulp off the reference.
 
 CUDA-graph safe: grid and tiles depend on shapes only; lengths and slots are read on the device.
 """

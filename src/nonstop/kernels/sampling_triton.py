@@ -13,9 +13,9 @@ cumulative masked mass passes u times the total, re-reads only that tile for the
 its log-prob logits[token] / T - logsumexp over the full (unmasked) distribution. Greedy rows (T = 0) take the
 argmax of the raw logits, lowest id on ties.
 
-The previous kernel drew by Gumbel-max and hashed a uniform per vocabulary entry: 151,936 hashes and two logs per
-row made it bound by arithmetic (139 µs at 256 rows on an H200). Here the arithmetic per entry is one exp, and the
-kernel runs at the speed of one read of the logits.
+The previous kernel drew by Gumbel-max and hashed a uniform per vocabulary entry, which made it bound by
+arithmetic; here the arithmetic per entry is one exp, and the kernel runs at the speed of one read of the logits
+(`scripts/gpu/decode_probe.py --sections sample`; numbers in bench/results/README.md).
 
 Agreement with the torch path: the reference sums in float64, this kernel in fp32 with fast exp, so the two can
 pick neighbouring tokens when u falls within that rounding of a boundary (tests check every disagreement is such a
@@ -35,10 +35,8 @@ from triton.language.extra.cuda import gdc_wait
 from nonstop.kernels.grid import cdiv, next_power_of_2
 from nonstop.kernels.pdl import use_pdl
 
-# The tile width sets how the sums are grouped, so it is part of the numerics; the split count is not. H200,
-# 151,936-token vocabulary, 256 rows of bf16 logits (scripts/gpu/decode_probe.py, 2026-12-01): 2048-wide tiles,
-# three a program, 4 warps, 40 us, against 38 us for one `amax` over the logits; 1024-wide tiles 45 us at best;
-# the Gumbel-max kernel this replaced 139 us.
+# The tile width sets how the sums are grouped, so it is part of the numerics; the split count is not. Chosen by
+# the sweep in scripts/gpu/decode_probe.py (results in bench/results/README.md): close to one `amax` over the logits.
 _BLOCK = 2048
 _TILES_PER_PROGRAM = 3
 

@@ -1,25 +1,10 @@
-"""CUDA graphs for decode-only launches: a launch's whole device work replayed with one launch.
+"""CUDA graphs for decode-only launches: a launch's whole device work (`ModelRunner.decode_launch`: k steps of
+model, logits, sampler and writes) replayed as one graph.
 
-A decode step of a small model is hundreds of tiny kernels, and its sampling tail (logits, temperature, top-k/top-p,
-the counter-based noise, log-probs, the writes of the sampled ids) dozens more; launching them from Python costs more
-than running them. A graph captures `ModelRunner.decode_launch` — the K steps of a multi-step launch, each the
-model, the logits, the sampler and the writes, the steps chained by the on-device input advance — so a launch is
-one replay whatever K is. Its static inputs ARE the leading rows of the runner's persistent device buffer
-(`StepBuffers.dev`), `sampled_ids` and `stop_mask_RV`, and its outputs are written into `sampled_ids` and the sampled
-buffer, so a replay copies nothing: the step's one upload has already put the inputs there.
-
-Batch sizes are bucketed (1, 2, 4, 8, 16, then multiples of 16 up to `max_num_seqs`): a batch of N sequences replays
-the smallest bucket >= N, its padding rows (`ModelRunner.pad_rows`) writing their KV into the runner's scratch block
-and sampling greedily into rows nobody reads (the launch's rows are bucket-strided: step j's row i at j * bucket + i).
-A graph is keyed by everything on the host that changes the captured work (`LaunchShape`): the bucket, K, the cascade
-prefix kernel's tile rows and grid, whether a min_tokens stop mask exists, and the sampler's flags (all greedy, any
-top-k, any top-p, which pick its code path). An RL rollout of one sampling config uses a few: its buckets at full K,
-and the shorter K of launches where every sequence is within K tokens of its max_tokens.
-
-Capture is lazy, per shape (the first launch that needs it), and the graphs hold the KV cache's, the parameters' and
-the runner's buffers' addresses: weight updates copy in place, the buffers live as long as the runner, and graphs
-survive a `release`/`resume` of the KV cache when the new cache lands at the old address (they are dropped when it
-does not).
+Its static inputs are the runner's persistent buffers, so a replay copies nothing. Batch sizes are bucketed
+(`graph_batch_sizes`, or `cudagraph_capture_sizes`; a larger batch decodes eagerly), padding rows write into the
+scratch block; a graph is keyed by `LaunchShape` and captured lazily, the first time a launch needs it, and kept
+across a KV release/resume that lands at the same address. docs/engine.md has the design.
 """
 
 from __future__ import annotations
@@ -30,7 +15,8 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from nonstop.rollout.model_runner import LaunchShape, ModelRunner
+    from nonstop.rollout.model_runner import ModelRunner
+    from nonstop.rollout.step_plan import LaunchShape
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -39,9 +25,11 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, runner: ModelRunner, max_num_seqs: int):
+    def __init__(self, runner: ModelRunner, sizes: int | list[int]):
+        """`sizes`: the captured batch sizes (`cudagraph_capture_sizes`), or `max_num_seqs` for the default buckets;
+        a batch larger than the largest decodes eagerly."""
         self.runner = runner
-        self.batch_sizes = graph_batch_sizes(max_num_seqs)
+        self.batch_sizes = graph_batch_sizes(sizes) if isinstance(sizes, int) else sorted(sizes)
         self.graphs: dict[LaunchShape, torch.cuda.CUDAGraph] = {}
         self.pool = None
         self.kv_ptr: int | None = None  # the KV cache address the graphs hold
@@ -71,7 +59,7 @@ class DecodeGraphs:
         r = self.runner
         b = r.buffers.dev
         # Capture-time inputs: every row a padding row, so the warm-up and capture write only the scratch block.
-        r.pad_rows(b, 0, shape.num_rows)
+        r.planner.pad_rows(b, 0, shape.num_rows)
         if shape.cascade_rows:
             # No row in a tile, every work item idle: the capture's attention is the suffix over the scratch block.
             for name in ("cascade_members", "cascade_prefix_lens", "cascade_prefix_parts"):

@@ -8,14 +8,16 @@ llm.update_weights(trainer_model.named_parameters())  # in place; the prefix cac
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable, Iterable, Mapping
 
 import torch
 from torch import Tensor
 
 from nonstop.models.transformer import CausalLM
-from nonstop.rollout.llm_engine import EngineArgs, LLMEngine
-from nonstop.rollout.metrics import rollout_metrics
+from nonstop.rollout.engine_args import EngineArgs
+from nonstop.rollout.llm_engine import LLMEngine
+from nonstop.rollout.metrics import StatsWindow
 from nonstop.rollout.outputs import RequestOutput
 from nonstop.rollout.sampling_params import SamplingParams
 from nonstop.rollout.scheduler import SchedulerStats
@@ -26,58 +28,30 @@ KV_CACHE_TAG = "kv_cache"
 class LLM:
     def __init__(
         self,
-        model: str | CausalLM,
+        model: str | os.PathLike | CausalLM,
         tokenizer=None,
         dtype: torch.dtype | str | None = None,
         device: torch.device | str | None = None,
-        gpu_memory_utilization: float = 0.9,
-        block_size: int = 16,
-        max_num_seqs: int = 256,
-        max_num_batched_tokens: int = 8192,
-        max_model_len: int | None = None,
-        num_kv_blocks: int | None = None,
-        enforce_eager: bool = False,
-        enable_prefix_caching: bool = True,
-        async_scheduling: bool = True,
-        num_scheduler_steps: int | None = None,
-        cascade_attention: bool | str = False,
-        seed: int = 0,
+        **engine_args,
     ):
         """`model` is a checkpoint path (HF directory or .gguf, loaded with its tokenizer) or a `CausalLM`, used as
         is: its parameters are the engine's (moved to `device` / cast to `dtype` in place only if those are given).
         `device=None` picks CUDA when available; `dtype=None` keeps a given model's dtype and loads paths in bf16 on
-        GPU, fp32 on CPU. `num_kv_blocks` overrides the KV cache size (else sized from `gpu_memory_utilization` on
-        GPU, a fixed budget on CPU, and at most what `max_num_seqs` sequences of `max_model_len` tokens use).
-        `async_scheduling` overlaps each step's host work with the next step on the device (same tokens and log-probs
-        as the synchronous engine, see llm_engine.py). `num_scheduler_steps` runs decode-only steps k at a time on the
-        device (same outputs as k = 1; None = 8 on CUDA, 1 elsewhere; see scheduler.py).
-        `cascade_attention` (True, False, "auto") reads a shared prompt prefix once per decode step for all the
-        sequences sharing it (rollout/cascade.py)."""
+        GPU, fp32 on CPU. `engine_args` are `EngineArgs` fields (engine_args.py: `max_num_seqs`,
+        `gpu_memory_utilization`, `num_scheduler_steps`, `cascade_attention`, ...), with the rollout config's
+        defaults."""
+        args = EngineArgs.from_kwargs(engine_args)
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
-        if isinstance(model, str):
+        if isinstance(model, str | os.PathLike):
             from nonstop.models.loading import load_model
 
             dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
             dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
-            model, loaded_tokenizer = load_model(model, dtype=dtype, device=dev)
+            model, loaded_tokenizer = load_model(os.fspath(model), dtype=dtype, device=dev)
             tokenizer = tokenizer or loaded_tokenizer
         elif device is not None or dtype is not None:
             model.to(device=device, dtype=dtype)
-        args = EngineArgs(
-            block_size=block_size,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_model_len=max_model_len,
-            num_kv_blocks=num_kv_blocks,
-            gpu_memory_utilization=gpu_memory_utilization,
-            enforce_eager=enforce_eager,
-            enable_prefix_caching=enable_prefix_caching,
-            async_scheduling=async_scheduling,
-            num_scheduler_steps=num_scheduler_steps,
-            cascade_attention=cascade_attention,
-            seed=seed,
-        )
         self.llm_engine = LLMEngine(model, args, tokenizer)
         self.tokenizer = tokenizer
         self.stats = SchedulerStats()  # counters of the last generate() call
@@ -87,6 +61,19 @@ class LLM:
     @property
     def model(self) -> CausalLM:
         return self.llm_engine.model
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.llm_engine.args.max_num_seqs
+
+    @property
+    def max_model_len(self) -> int:
+        return self.llm_engine.max_model_len
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """Device bytes the KV cache takes while allocated."""
+        return self.llm_engine.model_runner.kv_cache_bytes
 
     def generate(
         self,
@@ -106,8 +93,8 @@ class LLM:
             sampling_params = [sampling_params] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise ValueError(f"got {len(sampling_params)} SamplingParams for {len(prompts)} prompts")
-        engine, before = self.llm_engine, SchedulerStats(**vars(self.llm_engine.stats))
-        engine.step_log = []
+        engine = self.llm_engine
+        window = engine.stats_window()
         order = {}
         try:
             for prompt, params in zip(prompts, sampling_params, strict=True):
@@ -127,6 +114,7 @@ class LLM:
                 order[request_id] = len(order)
         except Exception:
             engine.abort_request(list(order))  # leave the engine as it was
+            window.close()
             raise
         progress = None
         if use_tqdm:
@@ -145,11 +133,49 @@ class LLM:
                     progress.update(len(finished))
         finally:
             engine.abort_request(list(order))  # a failed step must not leave this call's requests queued
+            window.close()
             if progress is not None:
                 progress.close()
-        self.stats = engine.stats.since(before)
-        self.metrics = rollout_metrics(self.stats, engine.step_log)
+        self.stats = window.stats()
+        self.metrics = window.pop()
         return sorted(outputs, key=lambda o: order[o.request_id])
+
+    # -- streaming: requests added and stepped one engine step at a time (the trainer's rollouter) -----------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        output_token_ids: list[int] | None = None,
+        output_logprobs: list[float] | None = None,
+        sample_index: int = 0,
+    ) -> None:
+        """Queue one request (`LLMEngine.add_request`: continuing a partial sample from its tokens and log-probs)."""
+        self.llm_engine.add_request(
+            request_id,
+            prompt_token_ids,
+            params,
+            output_token_ids=output_token_ids,
+            output_logprobs=output_logprobs,
+            sample_index=sample_index,
+        )
+
+    def step(self) -> list[RequestOutput]:
+        """One engine step; the requests it finished."""
+        return self.llm_engine.step()
+
+    def abort(self, request_ids: str | list[str]) -> list[RequestOutput]:
+        """Stop these requests now; their partial outputs (`LLMEngine.abort_request`)."""
+        return self.llm_engine.abort_request(request_ids)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.llm_engine.has_unfinished_requests()
+
+    def stats_window(self) -> StatsWindow:
+        """`rollout/*` metrics of the engine steps from now on: `pop()` returns them and starts again, `close()` ends
+        the window. Several may be open at once (each `generate` call opens its own)."""
+        return self.llm_engine.stats_window()
 
     # -- RL surface -------------------------------------------------------------------------------------------------
 

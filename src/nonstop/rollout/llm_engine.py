@@ -1,11 +1,8 @@
 """The engine loop: requests in, one scheduled model step at a time, finished requests out.
 
-Async scheduling (the default): `step` schedules and launches step k+1 BEFORE it reads step k's sampled tokens, then
-does step k's host work (append, stop checks, finishing, freeing blocks) while the device runs step k+1. The device
-never waits for Python between decode steps. What the lag costs: stop / EOS checks see a token one step late, so a
-sequence that ended at step k computes one discarded token in step k+1 (see scheduler.py), and newly freed blocks
-and admissions wait one step. Sampling does not change: a token's noise depends only on its seed, sample index and
-position, all known from lengths, so the async and synchronous engines draw the same tokens with the same log-probs.
+Async scheduling (the default): `step` launches step k+1 before it reads step k's sampled tokens, and does step k's
+host work while the device runs step k+1; a stop is seen one step late and costs one discarded token. Sampling does
+not change (a token's noise depends only on its seed, sample index and position). docs/engine.md has the details.
 """
 
 from __future__ import annotations
@@ -15,50 +12,16 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from nonstop.config.rollout import CASCADE_CHOICES
 from nonstop.models.transformer import CausalLM
 from nonstop.rollout.block_manager import BlockManager
-from nonstop.rollout.metrics import StepLogEntry
-from nonstop.rollout.model_runner import ModelRunner, SampledStep
+from nonstop.rollout.engine_args import EngineArgs
+from nonstop.rollout.metrics import StatsWindow, StepLogEntry
+from nonstop.rollout.model_runner import ModelRunner
 from nonstop.rollout.outputs import CompletionOutput, RequestOutput
 from nonstop.rollout.sampling_params import SamplingParams
 from nonstop.rollout.scheduler import SampledRows, Scheduler, SchedulerStats
 from nonstop.rollout.sequence import Sequence
-
-
-@dataclass
-class EngineArgs:
-    block_size: int = 16
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    max_model_len: int | None = None  # default: the model's max_position_embeddings
-    num_kv_blocks: int | None = None  # explicit KV cache size; None = sized from memory
-    gpu_memory_utilization: float = 0.9
-    enforce_eager: bool = False
-    enable_prefix_caching: bool = True
-    # Overlap each step's host work with the next step on the device (module docstring). False: the synchronous
-    # engine, which reads every step's tokens before scheduling the next.
-    async_scheduling: bool = True
-    # Multi-step decode (vLLM's name): a decode-only step runs up to this many decode steps back to back on the
-    # device, with no host round trip between them (scheduler.py). None: 8 on CUDA, where it hides the host's
-    # per-step work; 1 elsewhere.
-    num_scheduler_steps: int | None = None
-    # Shared-prefix ("cascade") decode attention: True, False or "auto" (rollout/cascade.py).
-    cascade_attention: bool | str = False
-    seed: int = 0
-
-    def __post_init__(self):
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
-            raise ValueError(f"num_kv_blocks must be >= 1 or None, got {self.num_kv_blocks}")
-        if self.num_scheduler_steps is not None and self.num_scheduler_steps < 1:
-            raise ValueError(f"num_scheduler_steps must be >= 1 or None, got {self.num_scheduler_steps}")
-        if self.cascade_attention not in CASCADE_CHOICES:
-            raise ValueError(f"cascade_attention must be one of {CASCADE_CHOICES}, got {self.cascade_attention!r}")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+from nonstop.rollout.step_buffers import SampledStep
 
 
 @dataclass
@@ -83,9 +46,8 @@ class _InFlight:
     rows: SampledRows  # per sample row: the sequence and the index of its placeholder
 
 
-# Multi-step decode's default on CUDA. On the H200 (Qwen2.5-0.5B shape, whole-launch CUDA graphs) k = 8 gave 124k vs
-# 120k tok/s at batch 256 and a 3.5% shorter GRPO step at 64 sequences than k = 1 (bench/results/README.md,
-# 2026-12-01 second session); on CPU there is no device queue to keep ahead of, so 1.
+# Multi-step decode's default on CUDA, where chaining decode steps hides the host's per-step work (measured in
+# bench/results/README.md); on CPU there is no device queue to keep ahead of, so 1.
 CUDA_NUM_SCHEDULER_STEPS = 8
 
 
@@ -93,20 +55,15 @@ class LLMEngine:
     def __init__(self, model: CausalLM, args: EngineArgs, tokenizer=None):
         self.model, self.args, self.tokenizer = model, args, tokenizer
         self.max_model_len = args.max_model_len or model.config.max_position_embeddings
+        if not args.enable_chunked_prefill and args.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"enable_chunked_prefill=False needs max_num_batched_tokens >= max_model_len (a whole sequence is "
+                f"prefilled in one step, recomputed ones included): {args.max_num_batched_tokens} < "
+                f"{self.max_model_len}; raise max_num_batched_tokens or turn chunked prefill on"
+            )
         on_cuda = next(model.parameters()).device.type == "cuda"
         self.num_scheduler_steps = args.num_scheduler_steps or (CUDA_NUM_SCHEDULER_STEPS if on_cuda else 1)
-        self.model_runner = ModelRunner(
-            model,
-            block_size=args.block_size,
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            max_model_len=self.max_model_len,
-            num_kv_blocks=args.num_kv_blocks,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            enforce_eager=args.enforce_eager,
-            num_scheduler_steps=self.num_scheduler_steps,
-            cascade_attention=args.cascade_attention,
-        )
+        self.model_runner = ModelRunner(model, args, self.max_model_len, self.num_scheduler_steps)
         self.block_manager = BlockManager(self.model_runner.num_kv_blocks, args.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager,
@@ -114,6 +71,7 @@ class LLMEngine:
             args.max_num_batched_tokens,
             model.config.eos_token_ids,
             num_scheduler_steps=self.num_scheduler_steps,
+            enable_chunked_prefill=args.enable_chunked_prefill,
         )
         # Seeds for requests that bring none: drawn in admission order, so a whole run reproduces from `args.seed`.
         self.rng = random.Random(args.seed)
@@ -121,12 +79,17 @@ class LLMEngine:
         self.in_flight: _InFlight | None = None
         # Requests that finished while `abort_request` drained the step in flight: returned by the next `step`.
         self.ready: list[RequestOutput] = []
-        # One entry per `step()`: the doctor's evidence for the long tail and KV pressure. `LLM.generate` empties it.
-        self.step_log: list[StepLogEntry] = []
+        # Open `stats_window`s: each gets one entry per `step()`, the doctor's evidence for the long tail and KV
+        # pressure.
+        self.windows: list[StatsWindow] = []
 
     @property
     def stats(self) -> SchedulerStats:
         return self.scheduler.stats
+
+    def stats_window(self) -> StatsWindow:
+        """A window onto the engine's counters and steps from now on (`pop` for its metrics, `close` when done)."""
+        return StatsWindow(self.scheduler.stats, self.windows)
 
     def add_request(
         self,
@@ -222,7 +185,9 @@ class LLMEngine:
             # leave a step running into the caller's next move (weight update, release).
             self._process_in_flight()
         elapsed = time.perf_counter() - start  # async: about one device step once the pipeline is full
-        self.step_log.append(StepLogEntry(elapsed, len(batch.seqs), self.scheduler.kv_blocked))
+        entry = StepLogEntry(elapsed, len(batch.seqs), self.scheduler.kv_blocked)
+        for window in self.windows:
+            window.steps.append(entry)
         if max(batch.num_new_tokens, default=0) > 1:
             self.scheduler.stats.prefill_time_s += elapsed
         else:

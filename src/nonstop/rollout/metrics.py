@@ -46,3 +46,35 @@ def rollout_metrics(stats: SchedulerStats, steps: list[StepLogEntry]) -> dict[st
     metrics["rollout/kv_blocked_frac"] = sum(s.wall_s for s in steps if s.kv_blocked) / total
     metrics["rollout/peak_running_seqs"] = float(peak)
     return metrics
+
+
+class StatsWindow:
+    """The engine's steps since this window opened or was last popped. The engine appends every step to each open
+    window (`LLMEngine.stats_window`), so several can be open at once: a trainer's long-lived one beside each
+    `generate` call's own."""
+
+    def __init__(self, live: SchedulerStats, open_windows: list[StatsWindow]):
+        self.live, self.open_windows = live, open_windows  # the engine's counters, updated in place
+        self.mark = SchedulerStats(**vars(live))
+        self.steps: list[StepLogEntry] = []
+        open_windows.append(self)
+
+    def stats(self) -> SchedulerStats:
+        """The engine's counters since the window opened or was last popped."""
+        return self.live.since(self.mark)
+
+    def pop(self) -> dict[str, float]:
+        """The window's `rollout/*` metrics so far; it starts again empty."""
+        metrics = rollout_metrics(self.stats(), self.steps)
+        self.mark, self.steps = SchedulerStats(**vars(self.live)), []
+        return metrics
+
+    def close(self) -> None:
+        if self in self.open_windows:
+            self.open_windows.remove(self)
+
+    def __enter__(self) -> StatsWindow:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,38 +1,11 @@
 """Continuous batching: which sequences run this step, and how many of their tokens.
 
-Every step spends a token budget (`max_num_batched_tokens`) first on the running sequences, oldest first — one token
-for a decoding sequence, the next chunk of the prompt for one still prefilling (chunked prefill: a long prompt is
-spread over several steps instead of stalling every decode behind it) — then admits waiting sequences while the
-budget, `max_num_seqs` and the free KV blocks allow. A sequence samples a token in the step that computes its last
-uncomputed token.
-
-When the KV cache runs out, the youngest running sequence is preempted by recomputation (vLLM's RECOMPUTE mode):
-its blocks are freed and it goes back to the front of the waiting queue with its tokens so far, to be prefilled
-again later (its own freed blocks often come back through the prefix cache). The oldest sequence always makes
-progress, so the run finishes whatever the cache size; a request that could not fit even alone is refused when it
-is added (`check_fits`).
-
-A step's bookkeeping comes in two halves, so the engine can schedule step k+1 before step k's tokens are read back
-(async scheduling): `advance` runs when a step is launched and needs only lengths — sequences move past the tokens
-they computed, group parents fork, and every sample drawn appends a placeholder (see sequence.py); `update` runs
-when the sampled values arrive and does everything that depends on them — placeholders filled, stop / EOS /
-max_tokens checks, finished sequences freed. Until then a sequence is scheduled as if it continued, so one whose
-token turns out to end it has computed one more token in the step launched meanwhile; `update` drops that token
-(it never reaches outputs, log-probs or the prefix cache). `postprocess` is both halves back to back: the
-synchronous engine.
-
-Multi-step decode (vLLM's `num_scheduler_steps` = k): when a step would only decode (no prompt tokens, no admission,
-no group about to fork, nothing preempted), every sequence is given up to k decode steps in ONE launch — as many as
-its max_tokens leaves (`ScheduledBatch.num_steps`) — and the KV blocks for all of them are reserved up front; if they
-cannot be, the step stays a single one. The model runner chains the k steps on the device. `advance` appends one
-placeholder per step and `update` fills them in order, so a sequence that stops inside the k steps drops the tokens
-after its stop exactly like the token computed past a late-seen stop: the outputs are those of k = 1.
-
-Host cost: `schedule`, `advance` and `update` run for every token generated, so the steady state (every running
-sequence decoding) takes lean one-pass paths — `_schedule_decodes` (falling back to the general loop, having changed
-nothing, whenever anything else happens), a single loop per sample row in `update` — and the batch carries what the
-model runner needs of each sequence (`ScheduledBatch.num_cached_tokens`, ...) so the runner does not walk the
-sequences again. A test replays random workloads with and without the decode-only pass and compares every step.
+A step spends a token budget (`max_num_batched_tokens`) on the running sequences first, oldest first (one token for a
+decoding sequence, the next prompt chunk for one prefilling), then admits waiting ones while the budget,
+`max_num_seqs` and the free KV blocks allow; when blocks run out the youngest running sequence is preempted by
+recomputation. Its bookkeeping comes in two halves so the engine can launch step k+1 before reading step k's tokens:
+`advance` (lengths only, placeholders appended) and `update` (sampled values, stops, finishing). A decode-only step
+may run k decode steps in one launch (multi-step decode). docs/engine.md has the design and its invariants.
 """
 
 from __future__ import annotations
@@ -128,9 +101,12 @@ class Scheduler:
         max_num_batched_tokens: int,
         eos_token_ids,
         num_scheduler_steps: int = 1,
+        enable_chunked_prefill: bool = True,
     ):
         self.block_manager = block_manager
         self.num_scheduler_steps = num_scheduler_steps
+        # False: a prompt (or a preempted sequence's recomputation) is computed in one step, never split.
+        self.enable_chunked_prefill = enable_chunked_prefill
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.eos_token_ids = set(eos_token_ids)
@@ -165,10 +141,14 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.check_fits(seq)
         params = seq.sampling_params
-        eos = () if params.ignore_eos else self.eos_token_ids
-        stop = frozenset(params.stop_token_ids or ()) | frozenset(eos)
+        stop_ids = frozenset(params.stop_token_ids or ())
+        eos = frozenset(self.eos_token_ids)
+        stop = stop_ids if params.ignore_eos else stop_ids | eos
         # One shared set per distinct value: `update` tests every sampled token against its sequence's set.
         seq.stop_token_ids = self.stop_sets.setdefault(stop, stop)
+        # Before min_tokens EOS is banned even under ignore_eos (vLLM's rule), beside the stop ids.
+        banned = stop_ids | eos
+        seq.min_tokens_banned_ids = self.stop_sets.setdefault(banned, banned)
         self.waiting.append(seq)
 
     def is_finished(self) -> bool:
@@ -252,6 +232,8 @@ class Scheduler:
             n = min(seq.num_tokens - seq.num_cached_tokens, budget)
             if seq.num_output_tokens >= seq.sampling_params.max_tokens:
                 n = 0  # its last token is still being sampled (async): it finishes when that value arrives
+            elif not self.enable_chunked_prefill and n < seq.num_tokens - seq.num_cached_tokens:
+                n = 0  # no chunk of it: it waits for a step with room for the whole
             if n == 0:
                 kept.append(seq)
                 continue
@@ -291,6 +273,8 @@ class Scheduler:
                 hits = bm.settled_prefix(hits)
             num_cached = len(hits) * bm.block_size
             n = min(seq.num_tokens - num_cached, budget)
+            if not self.enable_chunked_prefill and n < seq.num_tokens - num_cached:
+                break  # the whole prompt in one step, or wait for one with room
             fork = self._reserve_fork_blocks(seq, n, num_cached)
             if bm.num_free_blocks_needed(seq, n, hits) + fork > bm.num_free_blocks:
                 kv_short = True

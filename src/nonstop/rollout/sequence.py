@@ -79,8 +79,11 @@ class Sequence:
         # Blocks reserved by the scheduler for the private last-block copies of a fork (group parent only).
         self.fork_block_ids: list[int] = []
         # Tokens that finish this sequence once min_tokens are out (stop ids, plus EOS unless ignore_eos); set by
-        # `Scheduler.add`, which knows the model's EOS ids, and masked by the sampler until min_tokens.
+        # `Scheduler.add`, which knows the model's EOS ids.
         self.stop_token_ids: frozenset[int] = frozenset(sampling_params.stop_token_ids or ())
+        # Tokens the sampler masks until min_tokens are out: the stop ids and EOS, even under ignore_eos (vLLM's
+        # rule); set by `Scheduler.add` too.
+        self.min_tokens_banned_ids: frozenset[int] = self.stop_token_ids
 
     @property
     def num_tokens(self) -> int:
@@ -122,6 +125,7 @@ class Sequence:
         child.block_hashes = list(self.block_hashes)
         child.cache_epoch = self.cache_epoch
         child.stop_token_ids = self.stop_token_ids
+        child.min_tokens_banned_ids = self.min_tokens_banned_ids
         child.num_cached_tokens = self.num_cached_tokens
         child.status = self.status
         return child

@@ -19,7 +19,7 @@ from nonstop.models.lora import AdaptersOff, LoraConfig, apply_lora, has_lora, s
 from nonstop.models.tokenizer import load_tokenizer
 from nonstop.rewards import RewardPool
 from nonstop.rewards.reward_model import RewardModel
-from nonstop.rollout import LLM
+from nonstop.rollout import LLM, engine_args
 from nonstop.trainer.checks import check_data_parallel, check_fsdp_sizes, check_no_validation, check_split
 from nonstop.trainer.loop import Trainer
 from nonstop.trainer.sources.rollout_rank import RolloutWorker
@@ -64,20 +64,7 @@ def build_engine(config: NonstopConfig, model: torch.nn.Module, tokenizer, devic
 
 def engine_llm(config: NonstopConfig, engine_model: torch.nn.Module, tokenizer) -> LLM:
     """The `LLM` around `engine_model` (used as is: its parameters are the engine's), sized per `rollout.*`."""
-    rollout, data = config.actor_rollout_ref.rollout, config.data
-    return LLM(
-        engine_model,
-        tokenizer=tokenizer,
-        gpu_memory_utilization=rollout.gpu_memory_utilization,
-        max_num_seqs=rollout.max_num_seqs,
-        max_num_batched_tokens=rollout.max_num_batched_tokens,
-        max_model_len=rollout.max_model_len or data.max_prompt_length + data.max_response_length,
-        enforce_eager=rollout.enforce_eager,
-        num_scheduler_steps=rollout.num_scheduler_steps,
-        cascade_attention=rollout.cascade_attention,
-        enable_prefix_caching=rollout.enable_prefix_caching,
-        seed=0 if data.seed is None else data.seed,
-    )
+    return LLM(engine_model, tokenizer=tokenizer, **vars(engine_args(config)))
 
 
 def add_lora_adapters(config: NonstopConfig, model: torch.nn.Module) -> None:

@@ -19,7 +19,7 @@ PROBE_PROMPTS, PROBE_TOKENS = 2, 16  # a few sampled tokens of the first step's 
 
 def probe_params(llm: LLM, prompts: list[list[int]], seed: int) -> list[SamplingParams]:
     """The engine half's requests: PROBE_TOKENS sampled tokens per prompt (fewer where max_model_len ends first)."""
-    room = llm.llm_engine.max_model_len
+    room = llm.max_model_len
     return [
         SamplingParams(
             temperature=1.0, max_tokens=min(PROBE_TOKENS, room - len(p)), ignore_eos=True, seed=seed, detokenize=False

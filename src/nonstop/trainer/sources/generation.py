@@ -161,7 +161,7 @@ class EngineGeneration:
         self.model.eval()
         probe = probe if probe and not self.shares_weights else []
         try:
-            if probe and self.llm.llm_engine.args.max_num_seqs - sum(p.n for p in seeded) < len(probe):
+            if probe and self.llm.max_num_seqs - sum(p.n for p in seeded) < len(probe):
                 diff = self.probe(probe, step)  # riding along would queue the probe behind the rollout
                 probe = []
             batch = generate_samples(

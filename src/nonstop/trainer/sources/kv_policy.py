@@ -48,7 +48,7 @@ class KvPolicy:
         """`free_cache_engine`, except for a cache the update does not need the room of (`keeps_kv_cache`)."""
         if self.training_peak_bytes is None:
             return False
-        kv_bytes = self.llm.llm_engine.model_runner.kv_cache_bytes
+        kv_bytes = self.llm.kv_cache_bytes
         total = torch.cuda.get_device_properties(self.device).total_memory
         return keeps_kv_cache(kv_bytes, total, self.training_peak_bytes, self.resident_in_training)
 

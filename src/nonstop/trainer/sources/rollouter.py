@@ -18,9 +18,7 @@ import torch
 
 from nonstop.data import TokenizedPrompt
 from nonstop.rollout import LLM, SamplingParams
-from nonstop.rollout.metrics import rollout_metrics
 from nonstop.rollout.outputs import RequestOutput
-from nonstop.rollout.scheduler import SchedulerStats
 from nonstop.rollout.sequence import FinishReason
 
 
@@ -63,7 +61,7 @@ class Rollouter:
         params of group g; `on_group_done(group)` runs (on this thread) as each group finishes: reward scoring.
         `version`: the trainer's version at start (steps already taken); admission starts at group version·B.
         `stream_priority`: of the CUDA stream the engine runs on (lower is higher, 0 the default)."""
-        self.llm, self.engine = llm, llm.llm_engine
+        self.llm = llm
         self.next_prompts, self.params_for, self.on_group_done = next_prompts, params_for, on_group_done
         self.batch_size, self.total_groups = batch_size, total_groups
         self.max_staleness, self.partial_rollout = max_staleness, partial_rollout
@@ -80,8 +78,7 @@ class Rollouter:
         self.error: BaseException | None = None
         self.num_paused = self.num_continued = 0
         self.idle_s, self.window_start = 0.0, time.perf_counter()
-        self.stats_mark = SchedulerStats(**vars(self.engine.stats))
-        self.engine.step_log = []
+        self.stats = llm.stats_window()  # the engine's `rollout/*` since the last `pop_metrics`
         device = self._device()
         self.stream = torch.cuda.Stream(device=device, priority=stream_priority) if device.type == "cuda" else None
         self.thread = threading.Thread(target=self._run, name="nonstop-rollouter", daemon=True)
@@ -106,8 +103,7 @@ class Rollouter:
         of wall time, and what is queued (finished groups waiting for a step, groups still generating)."""
         with self.cond:
             now = time.perf_counter()
-            stats = self.engine.stats.since(self.stats_mark)
-            metrics = rollout_metrics(stats, self.engine.step_log)
+            metrics = self.stats.pop()
             wall = max(now - self.window_start, 1e-9)
             metrics.update(
                 {
@@ -118,8 +114,6 @@ class Rollouter:
                     "async/in_flight_groups": float(sum(not g.done for g in self.groups.values())),
                 }
             )
-            self.stats_mark = SchedulerStats(**vars(self.engine.stats))
-            self.engine.step_log = []
             self.num_paused = self.num_continued = 0
             self.idle_s, self.window_start = 0.0, now
             return metrics
@@ -139,13 +133,11 @@ class Rollouter:
             self._wait(lambda: self.parked or not self.thread.is_alive())
             if self.stream is not None:
                 torch.cuda.current_stream().wait_stream(self.stream)
-            step_log = self.engine.step_log
             self._abort_all()
         try:
             yield
         finally:
             with self.cond:
-                self.engine.step_log = step_log
                 if self.stream is not None:
                     self.stream.wait_stream(torch.cuda.current_stream())
                 self._continue_all()
@@ -173,8 +165,9 @@ class Rollouter:
             self.cond.notify_all()
         if self.thread.is_alive():
             self.thread.join()
-        self.engine.abort_request(list(self.requests))
+        self.llm.abort(list(self.requests))
         self.requests.clear()
+        self.stats.close()
 
     def _wait(self, ready: Callable[[], bool]) -> None:
         """`cond.wait_for(ready)` that raises when the rollout thread has died (lock held)."""
@@ -188,7 +181,7 @@ class Rollouter:
         try:
             with torch.cuda.stream(self.stream) if self.stream is not None else nullcontext():
                 while self._next_move():
-                    outputs = self.engine.step()  # outside the lock: the trainer can queue for it meanwhile
+                    outputs = self.llm.step()  # outside the lock: the trainer can queue for it meanwhile
                     if outputs:
                         with self.cond:
                             for output in outputs:
@@ -212,7 +205,7 @@ class Rollouter:
                     continue
                 if not self.draining:
                     self._admit()
-                if self.engine.has_unfinished_requests():
+                if self.llm.has_unfinished_requests():
                     return True
                 self._idle(lambda: self.pause_requests or self.stopping or self._can_admit())
             return False
@@ -256,7 +249,7 @@ class Rollouter:
     def _add(self, group: Group, samples: list[int], request_id: str, params: SamplingParams) -> None:
         continued = len(samples) == 1 and params.n == 1
         i = samples[0]
-        self.engine.add_request(
+        self.llm.add_request(
             request_id,
             list(group.prompt.prompt_token_ids),
             params,
@@ -289,7 +282,7 @@ class Rollouter:
         ids = list(self.requests)
         if not ids:
             return
-        for output in self.engine.abort_request(ids):
+        for output in self.llm.abort(ids):
             self._record(output)
         self.num_paused += len(self.to_continue)
 
