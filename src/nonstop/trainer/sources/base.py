@@ -17,6 +17,7 @@ from torch import Tensor
 
 from nonstop.batching.batch import RolloutBatch
 from nonstop.profiling import PhaseRecorder
+from nonstop.trainer.sync_probe import PROBE_PROMPTS
 
 
 @dataclass
@@ -63,6 +64,26 @@ class SampleSource(Protocol):
     def close(self) -> None:
         """Stop whatever runs beside the trainer; may be called more than once."""
         ...
+
+
+class SourceBase:
+    """What every source keeps alike: the probe's prompts (the first step's first prompts, so every later probe of
+    the run reads the same), checkpointed; nothing to stop."""
+
+    probe_prompts: list[list[int]] | None = None
+
+    def remember_probe(self, prompts: list[list[int]]) -> None:
+        if self.probe_prompts is None:
+            self.probe_prompts = [list(p) for p in prompts[:PROBE_PROMPTS]]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"probe_prompts": self.probe_prompts}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.probe_prompts = state["probe_prompts"]
+
+    def close(self) -> None:
+        pass
 
 
 def loader_state(loader: Any) -> dict[str, Any] | None:

@@ -16,19 +16,17 @@ from nonstop.dist import DistInfo
 from nonstop.profiling import PhaseRecorder
 from nonstop.trainer.dynamic_sampling import GroupCollector, metric_values
 from nonstop.trainer.scores import train_prefix
-from nonstop.trainer.sources.base import StepSamples, loader_state
+from nonstop.trainer.sources.base import SourceBase, StepSamples, loader_state
 from nonstop.trainer.sources.generation import EngineGeneration, copy_to_engine
-from nonstop.trainer.sync_probe import PROBE_PROMPTS
 
 
-class ColocatedSource:
+class ColocatedSource(SourceBase):
     publishes_every_step = False
     old_log_prob_from_rollout = False
 
     def __init__(self, config: NonstopConfig, generation: EngineGeneration, train_loader: Any, dist: DistInfo):
         self.config, self.generation, self.train_loader, self.dist = config, generation, train_loader, dist
         self.scorer = generation.scorer
-        self.probe_prompts: list[list[int]] | None = None  # the first step's first prompts
 
     def next_batch(self, step: int, rec: PhaseRecorder) -> StepSamples:
         cfg, filter_groups = self.config, self.config.algorithm.filter_groups
@@ -37,8 +35,7 @@ class ColocatedSource:
         while True:
             with rec("data"):
                 first, prompts = rank_share(self.train_loader.next_batch(), self.dist)
-            if self.probe_prompts is None:
-                self.probe_prompts = [list(p.prompt_token_ids) for p in prompts[:PROBE_PROMPTS]]
+            self.remember_probe([p.prompt_token_ids for p in prompts])
             rounds = collector.num_gen_batches
             prefix = train_prefix(step, rounds)
             with rec("gen") as span:
@@ -86,12 +83,3 @@ class ColocatedSource:
 
     def loader_state(self, step: int) -> dict[str, Any] | None:
         return loader_state(self.train_loader)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"probe_prompts": self.probe_prompts}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.probe_prompts = state["probe_prompts"]
-
-    def close(self) -> None:
-        pass

@@ -16,14 +16,13 @@ from typing import Any
 from nonstop.config import NonstopConfig
 from nonstop.profiling import PhaseRecorder
 from nonstop.trainer.scores import train_prefix
-from nonstop.trainer.sources.base import StepSamples, loader_state
+from nonstop.trainer.sources.base import SourceBase, StepSamples, loader_state
 from nonstop.trainer.sources.generation import EngineGeneration, copy_to_engine
 from nonstop.trainer.sources.overlap import block_batch, overlap_policy, staleness_metrics, start_rollouter
 from nonstop.trainer.sources.rollouter import Rollouter
-from nonstop.trainer.sync_probe import PROBE_PROMPTS
 
 
-class OverlappedSource:
+class OverlappedSource(SourceBase):
     publishes_every_step = True
 
     def __init__(self, config: NonstopConfig, generation: EngineGeneration, train_loader: Any, total_steps: int):
@@ -47,7 +46,6 @@ class OverlappedSource:
         self.old_log_prob_from_rollout = config.async_training.use_rollout_log_probs
         self.max_staleness = overlap_policy(config)[0]
         self.rollouter: Rollouter | None = None  # started by the first step, at its version
-        self.probe_prompts: list[list[int]] | None = None
         self.probe_diff: float | None = None
 
     def next_batch(self, step: int, rec: PhaseRecorder) -> StepSamples:
@@ -69,8 +67,7 @@ class OverlappedSource:
             groups = self.rollouter.take_block(step - 1)
             batch = block_batch(groups, generation.sampling.train.max_tokens)
             span.tokens = sum(batch.total_lengths)
-        if self.probe_prompts is None:
-            self.probe_prompts = [list(g.prompt.prompt_token_ids) for g in groups[:PROBE_PROMPTS]]
+        self.remember_probe([g.prompt.prompt_token_ids for g in groups])
         metrics = self.rollouter.pop_metrics()
         metrics.update(staleness_metrics(batch, version=step - 1, max_staleness=self.max_staleness))
         with rec("reward"):
@@ -107,12 +104,6 @@ class OverlappedSource:
         if self.rollouter is None:
             return loader_state(self.train_loader)
         return self.rollouter.loader_state_at(step)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"probe_prompts": self.probe_prompts}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.probe_prompts = state["probe_prompts"]
 
     def close(self) -> None:
         if self.rollouter is not None:

@@ -30,13 +30,13 @@ from nonstop.dist.weight_sync import broadcast_weights, bucket_plan, parameter_s
 from nonstop.profiling import PhaseRecorder
 from nonstop.trainer.actor import Actor
 from nonstop.trainer.scores import Scorer
-from nonstop.trainer.sources.base import StepSamples, loader_state
+from nonstop.trainer.sources.base import SourceBase, StepSamples, loader_state
 from nonstop.trainer.sources.messages import Block, ProbeReply, RolloutFailure, SyncNotice
 from nonstop.trainer.sources.overlap import overlap_policy, staleness_metrics
-from nonstop.trainer.sync_probe import PROBE_PROMPTS, probe_diff
+from nonstop.trainer.sync_probe import probe_diff
 
 
-class RemoteSource:
+class RemoteSource(SourceBase):
     publishes_every_step = True
 
     def __init__(
@@ -58,7 +58,6 @@ class RemoteSource:
         self.plan = bucket_plan(self.shapes, wire_dtype, bucket_bytes)
         self.started = False
         self.block_loader_state: dict | None = None
-        self.probe_prompts: list[list[int]] | None = None
         self.probe_diff: float | None = None
         self.probe_diff_max: float | None = None
 
@@ -72,9 +71,7 @@ class RemoteSource:
             span.tokens = sum(batch.total_lengths)
         scores_B = torch.tensor([x for b in blocks for x in b.scores], dtype=torch.float32)
         self.block_loader_state = blocks[0].loader_state
-        if self.probe_prompts is None:
-            firsts = {s.uid: s.prompt_token_ids for s in batch.samples}  # each group's prompt, in block order
-            self.probe_prompts = [list(ids) for ids in list(firsts.values())[:PROBE_PROMPTS]]
+        self.remember_probe(list({s.uid: s.prompt_token_ids for s in batch.samples}.values()))  # groups' prompts
         metrics = merge_metrics([b.metrics for b in blocks])
         metrics.update(staleness_metrics(batch, version=step - 1, max_staleness=self.max_staleness))
         rewards_B = scores_B + self.scorer.shaping(batch)
@@ -128,12 +125,3 @@ class RemoteSource:
 
     def loader_state(self, step: int) -> dict[str, Any] | None:
         return self.block_loader_state if self.started else loader_state(self.train_loader)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"probe_prompts": self.probe_prompts}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.probe_prompts = state["probe_prompts"]
-
-    def close(self) -> None:
-        pass
