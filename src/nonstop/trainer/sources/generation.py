@@ -101,24 +101,19 @@ def colocated_generation(
     rollout = config.actor_rollout_ref.rollout
     turns = config.trainer.mode == "sync" and rollout.free_cache_engine and actor.device.type == "cuda"
     kv = KvPolicy(llm, actor.device, enabled=turns)
-    return EngineGeneration(llm, actor.model, actor, scorer, sampling, kv, dist)
+    return EngineGeneration(llm, actor, scorer, sampling, kv, dist)
 
 
 class EngineGeneration:
-    def __init__(
-        self,
-        llm: LLM,
-        model: torch.nn.Module,
-        actor: Actor,
-        scorer: Scorer,
-        sampling: Sampling,
-        kv: KvPolicy,
-        dist: DistInfo,
-    ):
-        """`model`: the trainer's policy (the engine's own when they share weights); `actor` scores the probe's
-        trainer half."""
-        self.llm, self.model, self.actor, self.scorer, self.sampling, self.kv = llm, model, actor, scorer, sampling, kv
-        self.dist = dist
+    def __init__(self, llm: LLM, actor: Actor, scorer: Scorer, sampling: Sampling, kv: KvPolicy, dist: DistInfo):
+        """`actor`: the trainer's, whose policy the engine holds a copy of (or runs itself: `shares_weights`) and
+        which scores the probe's trainer half."""
+        self.llm, self.actor, self.scorer, self.sampling, self.kv, self.dist = llm, actor, scorer, sampling, kv, dist
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The trainer's policy."""
+        return self.actor.model
 
     @property
     def shares_weights(self) -> bool:
