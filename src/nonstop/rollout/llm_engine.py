@@ -234,7 +234,7 @@ class LLMEngine:
             hits = self.stop_strings.check()
             if hits:
                 finished = finished + self.scheduler.finish_at(hits, FinishReason.STOP)
-        done = {s.request_id for s in finished if self.requests[s.request_id].finished}
+        done = [r for r in {s.request_id for s in finished} if self.requests[r].finished]
         outputs = []
         for request_id in sorted(done):
             request = self.requests.pop(request_id)

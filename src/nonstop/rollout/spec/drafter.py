@@ -1,4 +1,4 @@
-"""What the engine asks of a drafter: a draft for one running sequence from its group's text, and the end of a
+"""What the engine asks of a drafter: a draft for each running sequence from its group's text, and the end of a
 request. Any object with these two methods drafts (tests plug in one that proposes partly wrong drafts): a draft
 changes how many tokens a verify step keeps, never which, so no drafter can change the engine's outputs."""
 
@@ -10,9 +10,9 @@ from nonstop.rollout.sequence import Sequence
 
 
 class Drafter(Protocol):
-    def propose(self, seq: Sequence, group: list[Sequence], num_tokens: int) -> list[int]:
-        """At most `num_tokens` token ids likely to follow `seq` (all its tokens known); `group` holds every
-        sample of its request, itself included, running or finished."""
+    def propose(self, seqs: list[Sequence], groups: list[list[Sequence]], num_tokens: list[int]) -> list[list[int]]:
+        """For each sequence (all its tokens known), at most its `num_tokens` token ids likely to follow it; its
+        group holds every sample of its request, itself included, running or finished."""
         ...
 
     def finished(self, request_id: str, prompt_token_ids: list[int], outputs: list[list[int]] | None) -> None:

@@ -54,15 +54,12 @@ class Speculator:
         """Drafts by seq_id for the running sequences (all tokens known), or None when the step should not verify;
         and the host seconds drafting took."""
         start = time.perf_counter()
-        policy, drafts, seq_ids, lengths = self.policy, {}, [], []
-        for seq in scheduler.running:
-            k = min(policy.draft_length(seq.seq_id), seq.max_num_tokens - len(seq.token_ids) - 1)
-            draft = self.drafter.propose(seq, group_of(seq), k) if k > 0 else []
-            seq_ids.append(seq.seq_id)
-            lengths.append(len(draft))
-            if draft:
-                drafts[seq.seq_id] = draft
-        verify = policy.should_verify(seq_ids, lengths)
+        policy, seqs = self.policy, list(scheduler.running)
+        wanted = [max(0, min(policy.draft_length(s.seq_id), s.max_num_tokens - len(s.token_ids) - 1)) for s in seqs]
+        proposed = self.drafter.propose(seqs, list(map(group_of, seqs)), wanted)
+        seq_ids = [s.seq_id for s in seqs]
+        drafts = {seq_id: list(d[:k]) for seq_id, d, k in zip(seq_ids, proposed, wanted, strict=True) if d and k}
+        verify = policy.should_verify(seq_ids, [len(drafts.get(s, ())) for s in seq_ids])
         return (drafts if verify else None), time.perf_counter() - start
 
     def finished(self, request_id: str, seqs: list[Sequence], outputs: list[list[int]] | None) -> None:

@@ -60,34 +60,38 @@ class GroupIndex:
         """A draft of at most `num_tokens` for the stream `own` whose first `end` tokens are known (module
         docstring); empty when no candidate matches at least `min_match` tokens."""
         x, streams = self.streams[own], self.streams
-        candidates, base = None, 0
+        keys = []
         if end >= 3:
             pair = (x[end - 2] << _SHIFT) | x[end - 1]
-            candidates, base = self.by3.get((x[end - 3] << 2 * _SHIFT) | pair), 3
-            if not candidates and min_match <= 2:
-                candidates, base = self.by2.get(pair), 2
-        if not candidates and min_match <= 1 and end >= 1:
-            candidates, base = self.by1.get(x[end - 1]), 1
-        if not candidates:
-            return []
-        best, group, checked, limit = 0, [], 0, min(self.max_match, end)
-        for entry in reversed(candidates):
-            stream, c = entry >> _POS_BITS, entry & _POS_MASK
-            st = streams[stream]
-            stop = end if stream == own else len(st)
-            if c >= stop:
-                continue  # nothing follows it yet (or it is this very position)
-            checked += 1
-            if checked > self.max_candidates:
+            keys = [(self.by3, (x[end - 3] << 2 * _SHIFT) | pair, 3), (self.by2, pair, 2)]
+        elif end == 2:
+            keys = [(self.by2, (x[0] << _SHIFT) | x[1], 2)]
+        if end >= 1:
+            keys.append((self.by1, x[end - 1], 1))
+        best, group, limit = 0, [], min(self.max_match, end)
+        for table, key, base in keys:
+            if base < min_match:
                 break
-            length = base
-            if base == 3:
-                while length < limit and length < c and st[c - length - 1] == x[end - length - 1]:
-                    length += 1
-            if length > best:
-                best, group = length, [(st, c, stop)]
-            elif length == best:
-                group.append((st, c, stop))
+            checked = 0
+            for entry in reversed(table.get(key, ())):
+                stream, c = entry >> _POS_BITS, entry & _POS_MASK
+                st = streams[stream]
+                stop = end if stream == own else len(st)
+                if c >= stop:
+                    continue  # nothing follows it yet (or it is this very position)
+                checked += 1
+                if checked > self.max_candidates:
+                    break
+                length = base
+                if base == 3:
+                    while length < limit and length < c and st[c - length - 1] == x[end - length - 1]:
+                        length += 1
+                if length > best:
+                    best, group = length, [(st, c, stop)]
+                elif length == best:
+                    group.append((st, c, stop))
+            if group:
+                break  # a shorter key only matches less
         if best < min_match:
             return []
         draft, share = [], 1.0
@@ -120,16 +124,23 @@ class SuffixDrafter:
         self.history = ResponseHistory(max_cached_prompts)
         self.groups: dict[str, tuple[GroupIndex, dict[int, int]]] = {}  # request id -> (index, seq_id -> stream)
 
-    def propose(self, seq: Sequence, group: list[Sequence], num_tokens: int) -> list[int]:
-        index, streams = self._group(seq, group)
-        for member in group:
-            stream = streams.get(member.seq_id)
-            if stream is None:
-                # Keys from the prompt's last token on: the first output tokens follow the prompt.
-                stream = streams[member.seq_id] = index.add_stream(member.token_ids, member.num_prompt_tokens - 1)
-            index.sync(stream, len(member.token_ids))
-        own = streams[seq.seq_id]
-        return index.propose(own, len(seq.token_ids), num_tokens, self.min_match, self.min_token_prob)
+    def propose(self, seqs: list[Sequence], groups: list[list[Sequence]], num_tokens: list[int]) -> list[list[int]]:
+        synced, drafts = set(), []
+        for seq, group, k in zip(seqs, groups, num_tokens, strict=True):
+            index, streams = self._group(seq, group)
+            if seq.request_id not in synced:  # each group's new tokens indexed once per step
+                synced.add(seq.request_id)
+                for member in group:
+                    stream = streams.get(member.seq_id)
+                    if stream is None:
+                        # Keys from the prompt's last token on: the first output tokens follow the prompt.
+                        stream = streams[member.seq_id] = index.add_stream(
+                            member.token_ids, member.num_prompt_tokens - 1
+                        )
+                    index.sync(stream, len(member.token_ids))
+            own = streams[seq.seq_id]
+            drafts.append(index.propose(own, len(seq.token_ids), k, self.min_match, self.min_token_prob) if k else [])
+        return drafts
 
     def _group(self, seq: Sequence, group: list[Sequence]) -> tuple[GroupIndex, dict[int, int]]:
         entry = self.groups.get(seq.request_id)
