@@ -34,6 +34,8 @@ def test_ramp_up_before_the_peak_is_not_a_tail():
     m = rollout_metrics(SchedulerStats(), steps)
     assert m["rollout/tail_frac"] == pytest.approx(0.2 / 1.2)
     assert m["rollout/tail_batch_fill"] == pytest.approx(2 / 64)
+    # Steps of at most 32 sequences (the prefill's 8, the tail's 2) are the small-batch time.
+    assert m["rollout/small_batch_frac"] == pytest.approx(0.6 / 1.2)
 
 
 def tiny_llm(num_kv_blocks: int) -> LLM:

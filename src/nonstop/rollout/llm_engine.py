@@ -207,6 +207,7 @@ class LLMEngine:
         if verify:
             stats.decode_time_s += elapsed
             stats.verify_time_s += elapsed
+            stats.num_spec_range_steps += 1
             spec.policy.verified([s.seq_id for s in batch.seqs], list(map(len, batch.draft_token_ids)),
                                  result.accepted, elapsed)  # fmt: skip
         elif max(batch.num_new_tokens, default=0) > 1:
@@ -214,6 +215,7 @@ class LLMEngine:
         else:
             stats.decode_time_s += elapsed
             if spec is not None and batch.seqs and spec.in_range(self.scheduler):
+                stats.num_spec_range_steps += batch.num_scheduler_steps
                 spec.policy.decoded(batch.num_scheduler_steps, elapsed)
         return outputs
 

@@ -71,9 +71,11 @@ class SchedulerStats:
     # bytes and tokens by. Under async scheduling a decode step's wall time is about its device time.
     prefill_time_s: float = 0.0
     decode_time_s: float = 0.0
-    # Speculative decoding (verify steps, rollout/spec/): sequences computed in verify steps (a sequence once per
-    # step), those of them that had a draft, draft tokens verified, those the sampler agreed with (accepted), the
-    # tokens verify steps produced (accepted + one per sequence, less any computed past a stop), and their wall time.
+    # Speculative decoding (verify steps, rollout/spec/): decode steps run in the drafting range (verify or plain;
+    # each step of a multi-step launch counts), sequences computed in verify steps (a sequence once per step), those
+    # of them that had a draft, draft tokens verified, those the sampler agreed with (accepted), the tokens verify
+    # steps produced (accepted + one per sequence, less any computed past a stop), and their wall time.
+    num_spec_range_steps: int = 0
     num_verify_steps: int = 0
     num_verify_seqs: int = 0
     num_drafting_seqs: int = 0
