@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
