@@ -147,3 +147,15 @@ def test_draft_lengths_follow_each_sequences_outcomes():
     # A new sequence starts from everyone's mean, which those failures pulled below the threshold too.
     assert p.global_gain == pytest.approx((1 + DECAY * (5 / 3 - 1)) * (1 - DECAY) ** 5) and p.global_gain < MIN_GAIN
     assert p.draft_length(1) == 0
+
+
+def test_the_offline_replay_counts_what_verify_steps_keep():
+    """One sample repeating "4 5": the first two steps find nothing earlier to draft from (plain steps), then its own
+    "4" drafts "5 4" (both kept, plus the verify step's "5"), then "5 4 5" drafts "4" (kept, plus "5": the end)."""
+    from nonstop.rollout.spec.replay import replay
+
+    config = SpeculativeConfig(method="suffix", draft_rule="always", prompt_lookup_min=1)
+    stats = replay([([1, 2, 3], [[4, 5, 4, 5, 4, 5, 4, 5]])], config)
+    assert (stats.steps, stats.plain_steps, stats.verify_steps, stats.range_plain_steps) == (4, 7, 2, 2)
+    assert (stats.verify_seqs, stats.drafted, stats.accepted, stats.verify_tokens) == (2, 3, 3, 5)
+    assert stats.tokens_per_verify == 2.5 and stats.speedup(1.0) == 7 / 4 and stats.speedup(2.0) == 7 / 6
