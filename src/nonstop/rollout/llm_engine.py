@@ -48,6 +48,10 @@ class _InFlight:
 
     sampled: SampledStep
     rows: SampledRows  # per sample row: the sequence and the index of its placeholder
+    # A plain decode launch in speculative decoding's drafting range: its decode steps and when it was launched (the
+    # draft rule weighs a verify step against it, launch to read back).
+    timed_steps: int = 0
+    launched_at: float = 0.0
 
 
 # Multi-step decode's default on CUDA, where chaining decode steps hides the host's per-step work (measured in
@@ -175,7 +179,10 @@ class LLMEngine:
             assert self.scheduler.is_finished(), "unfinished requests but nothing could be scheduled"
             return outputs
         launched, verify = None, batch.draft_token_ids is not None
+        prefill = not verify and max(batch.num_new_tokens, default=0) > 1
         if batch.seqs:
+            timed = not verify and not prefill and spec is not None and spec.in_range(self.scheduler)
+            launched_at = time.perf_counter()
             try:
                 sampled = self.model_runner.launch(batch)
             except BaseException:
@@ -184,10 +191,12 @@ class LLMEngine:
                 raise
             if self.args.async_scheduling and not verify:
                 result = self.scheduler.advance(batch)
-                launched = _InFlight(sampled, result.sampled)
+                launched = _InFlight(sampled, result.sampled, batch.num_scheduler_steps if timed else 0, launched_at)
             else:
                 # A verify step's outcome decides what the next step computes: read now.
                 result = self.scheduler.postprocess(batch, *sampled.read())
+                if timed:
+                    self._timed_plain(batch.num_scheduler_steps, time.perf_counter() - launched_at)
                 outputs += self._finished_outputs(result.finished)
             self.model_runner.copy_blocks(result.block_copies)
             for child in result.forked:
@@ -201,7 +210,7 @@ class LLMEngine:
             # leave a step running into the caller's next move (weight update, release).
             self._process_in_flight()
         elapsed = time.perf_counter() - start  # async: about one device step once the pipeline is full
-        entry = StepLogEntry(elapsed, len(batch.seqs), self.scheduler.kv_blocked)
+        entry = StepLogEntry(elapsed, len(batch.seqs), self.scheduler.kv_blocked, decode=not prefill)
         for window in self.windows:
             window.steps.append(entry)
         if verify:
@@ -210,14 +219,19 @@ class LLMEngine:
             stats.num_spec_range_steps += 1
             spec.policy.verified([s.seq_id for s in batch.seqs], list(map(len, batch.draft_token_ids)),
                                  result.accepted, elapsed)  # fmt: skip
-        elif max(batch.num_new_tokens, default=0) > 1:
+        elif prefill:
             stats.prefill_time_s += elapsed
         else:
             stats.decode_time_s += elapsed
-            if spec is not None and batch.seqs and spec.in_range(self.scheduler):
-                stats.num_spec_range_steps += batch.num_scheduler_steps
-                spec.policy.decoded(batch.num_scheduler_steps, elapsed)
         return outputs
+
+    def _timed_plain(self, num_steps: int, wall_s: float) -> None:
+        """A plain decode launch in the drafting range, from its launch to its tokens' arrival: under async
+        scheduling the period of a pipelined step, since the next launch went in before the read."""
+        stats = self.scheduler.stats
+        stats.num_spec_range_steps += num_steps
+        stats.spec_plain_time_s += wall_s
+        self.speculator.policy.decoded(num_steps, wall_s)
 
     def _group(self, seq: Sequence) -> list[Sequence]:
         return self.requests[seq.request_id].seqs
@@ -226,7 +240,10 @@ class LLMEngine:
         in_flight, self.in_flight = self.in_flight, None
         if in_flight is None:
             return []
-        finished = self.scheduler.update(in_flight.rows, *in_flight.sampled.read())
+        sampled = in_flight.sampled.read()
+        if in_flight.timed_steps:
+            self._timed_plain(in_flight.timed_steps, time.perf_counter() - in_flight.launched_at)
+        finished = self.scheduler.update(in_flight.rows, *sampled)
         return self._finished_outputs(finished)
 
     def _finished_outputs(self, finished: list[Sequence]) -> list[RequestOutput]:

@@ -74,7 +74,8 @@ class SchedulerStats:
     # Speculative decoding (verify steps, rollout/spec/): decode steps run in the drafting range (verify or plain;
     # each step of a multi-step launch counts), sequences computed in verify steps (a sequence once per step), those
     # of them that had a draft, draft tokens verified, those the sampler agreed with (accepted), the tokens verify
-    # steps produced (accepted + one per sequence, less any computed past a stop), and their wall time.
+    # steps produced (accepted + one per sequence, less any computed past a stop), their wall time and the plain
+    # launches'.
     num_spec_range_steps: int = 0
     num_verify_steps: int = 0
     num_verify_seqs: int = 0
@@ -83,6 +84,7 @@ class SchedulerStats:
     num_accepted_tokens: int = 0
     num_verify_tokens: int = 0
     verify_time_s: float = 0.0
+    spec_plain_time_s: float = 0.0  # wall time of the plain decode launches in the drafting range
     draft_time_s: float = 0.0  # host time the drafter took (inside the verify steps' wall time)
 
     def since(self, earlier: SchedulerStats) -> SchedulerStats:
