@@ -6,9 +6,8 @@ import pytest
 import torch
 from rollout_helpers import hf_greedy, random_prompts
 from spec_helpers import PartlyWrongDrafter, speculative_llm
-from test_engine_gpu import LENGTHS, MEDIUM, cuda_model
+from test_engine_gpu import LENGTHS, MEDIUM, assert_bf16_logprobs_match_a_full_forward, cuda_model
 
-from nonstop.models import PackedAttention, packed_positions
 from nonstop.rollout import LLM, SamplingParams
 
 V = MEDIUM["vocab_size"]
@@ -66,32 +65,7 @@ def test_bf16_speculative_logprobs_match_a_full_forward():
                           max_num_seqs=40)  # fmt: skip
     outputs = llm.generate(prompts, params)
     assert llm.stats.num_verify_steps > 0 and verify_graphs(llm)
-    seqs = [(p, c) for p, o in zip(prompts, outputs, strict=True) for c in o.outputs]
-    lengths = [len(p) + len(c.token_ids) for p, c in seqs]
-    with torch.no_grad():
-        ids = torch.tensor([t for p, c in seqs for t in p + c.token_ids], device="cuda")
-        h = model(ids, packed_positions(lengths, "cuda"), PackedAttention.from_lengths(lengths, "cuda"))
-        logprobs = model.compute_logits(h).float().log_softmax(-1)
-        truth_model = reference.float()
-    engine, packed, truth, offset = [], [], [], 0
-    for (prompt, c), length in zip(seqs, lengths, strict=True):
-        pos = torch.arange(offset + len(prompt) - 1, offset + length - 1, device="cuda")
-        tokens = torch.tensor(c.token_ids, device="cuda")
-        packed.append(logprobs[pos, tokens].cpu())
-        engine.append(torch.tensor(c.logprobs))
-        with torch.no_grad():
-            full = torch.tensor([prompt + c.token_ids], device="cuda")
-            truth_lp = truth_model(input_ids=full).logits[0].float().log_softmax(-1)
-        truth.append(truth_lp[torch.arange(len(prompt) - 1, length - 1, device="cuda"), tokens].cpu())
-        offset += length
-    engine, packed, truth = torch.cat(engine), torch.cat(packed), torch.cat(truth)
-    diff = (engine - packed).abs()
-    assert diff.mean() <= 2e-2, f"mean abs {diff.mean():.4f}, max {diff.max():.4f} over {diff.numel()} tokens"
-    engine_err, packed_err = (engine - truth).abs(), (packed - truth).abs()
-    errors = f"engine vs fp32 max {engine_err.max():.4f} mean {engine_err.mean():.5f}; bf16 forward vs fp32 max "
-    errors += f"{packed_err.max():.4f} mean {packed_err.mean():.5f}"
-    assert engine_err.max() <= 2 * packed_err.max() and engine_err.mean() <= 2 * packed_err.mean(), errors
-    print(errors)
+    assert_bf16_logprobs_match_a_full_forward(model, reference, prompts, outputs)
 
 
 @pytest.mark.gpu
