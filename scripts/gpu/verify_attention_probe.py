@@ -1,7 +1,8 @@
 """Speculative verify attention on the GPU: the paged verify kernel against the two ways a verify step could run
 without it, at the shapes speculation targets (issue 29). A development tool for the GPU machine:
 
-    python3 scripts/gpu/verify_attention_probe.py [--sweep] [--out bench/results/<name>.json]
+    python3 scripts/gpu/verify_attention_probe.py [--out bench/results/<name>.json]
+    python3 scripts/gpu/verify_attention_probe.py --sweep [--models ...]
 
 Methods, one layer's attention for N rows of Q new tokens each (the last token and a full draft, num_query = Q) over
 a uniform context of L tokens (the Q included), bf16, block size 16, block tables as wide as --max-model-len:
@@ -12,8 +13,9 @@ a uniform context of L tokens (the Q included), bf16, block size 16, block table
            cache by slot, then FlashAttention-2 varlen, bottom-right causal (`flash_varlen_causal_attention`).
 Each is timed as CUDA-graph replays of 24 calls (one per layer, each layer its own cache, as in a captured step;
 `triton.testing.do_bench_cudagraph`, median) and reported per call. TB/s is the K/V bytes of the valid tokens over
-the verify time; err is max |out - ref| / max |ref| against the fp32 reference. `--sweep` also times the verify
-kernel's launch space (splits x warps x tile tokens) at L = 2000, Q = 5 and prints the best beside the default.
+the verify time; err is max |out - ref| / max |ref| against the fp32 reference. `--sweep` instead times the verify
+kernel's launch space (splits x warps x tile tokens) at N = 1, 16, 64, L = 2000, Q = 5 and prints the best launch
+beside the default one.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--context-lens", type=_ints, default=[128, 512, 2000])
     parser.add_argument("--query-lens", type=_ints, default=[2, 5, 9], help="Q = 1 + draft tokens")
     parser.add_argument("--max-model-len", type=int, default=4096)
-    parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--sweep", action="store_true", help="the launch sweep instead of the method table")
     parser.add_argument("--out", default=None, help="also write the rows as JSON here")
     return parser.parse_args()
 
@@ -126,9 +128,8 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def run_case(model: str, N: int, L: int, Q: int, max_model_len: int) -> dict:
-    heads = HEADS[model]
-    H, K, E = heads
-    x = make_inputs(N, L, Q, heads, max_model_len)
+    _, K, E = HEADS[model]
+    x = make_inputs(N, L, Q, HEADS[model], max_model_len)
     k_cache, v_cache = x["caches"][0]
     ref = paged_verify_attention_reference(
         x["q"], k_cache, v_cache, x["tables"], x["context_lens"], x["num_query"], E**-0.5
@@ -144,7 +145,6 @@ def run_case(model: str, N: int, L: int, Q: int, max_model_len: int) -> dict:
 
 
 def sweep_case(model: str, N: int, max_model_len: int, L: int = 2000, Q: int = 5) -> dict:
-    H, K, E = HEADS[model]
     x = make_inputs(N, L, Q, HEADS[model], max_model_len)
     default = time_us(verify, x)
     times = {}
@@ -159,10 +159,7 @@ def fmt(value) -> str:
     return f"{value:9.1f}" if isinstance(value, float) else f"{'error':>9}"
 
 
-def main() -> None:
-    args = parse_args()
-    torch.manual_seed(0)
-    print(torch.cuda.get_device_name(), "| per layer call, µs (CUDA-graph replays of 24 calls)")
+def print_table(args: argparse.Namespace) -> list[dict]:
     print(
         f"{'model':<14}{'N':>4}{'L':>6}{'Q':>3}{'splits':>7}{'verify':>9}{'decodeQ':>9}{'varlen':>9}"
         f"{'xdecQ':>7}{'xvarlen':>8}{'TB/s':>6}  err verify/decodeQ/varlen"
@@ -186,17 +183,27 @@ def main() -> None:
                 print(f"    {method}: {row[f'{method}_us']}")
         torch.cuda.empty_cache()
     print("xdecQ, xvarlen: that method's time / verify's (> 1: the verify kernel is faster)")
+    return rows
 
+
+def print_sweep(args: argparse.Namespace) -> list[dict]:
+    print("launch sweep at L=2000, Q=5: default vs best (splits, warps, tile tokens)")
     sweeps = []
-    if args.sweep:
-        print("\nlaunch sweep at L=2000, Q=5: default vs best (splits, warps, tile tokens)")
-        for model, N in itertools.product(args.models.split(","), (1, 16, 64)):
-            s = sweep_case(model, N, args.max_model_len)
-            sweeps.append(s)
-            print(f"{model:<14}{N:>4}  default {fmt(s['default_us'])}  best {s['best_us']:9.1f} at {s['best']}")
-            torch.cuda.empty_cache()
+    for model, N in itertools.product(args.models.split(","), (1, 16, 64)):
+        s = sweep_case(model, N, args.max_model_len)
+        sweeps.append(s)
+        print(f"{model:<14}{N:>4}  default {fmt(s['default_us'])}  best {s['best_us']:9.1f} at {s['best']}", flush=True)
+        torch.cuda.empty_cache()
+    return sweeps
+
+
+def main() -> None:
+    args = parse_args()
+    torch.manual_seed(0)
+    print(torch.cuda.get_device_name(), "| per layer call, µs (CUDA-graph replays of 24 calls)")
+    rows = print_sweep(args) if args.sweep else print_table(args)
     if args.out:
-        write_result(args.out, {"meta": environment(torch.device("cuda", 0)), "rows": rows, "sweep": sweeps})
+        write_result(args.out, {"meta": environment(torch.device("cuda", 0)), "sweep": args.sweep, "rows": rows})
 
 
 if __name__ == "__main__":
