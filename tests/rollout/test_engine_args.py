@@ -19,6 +19,7 @@ def test_engine_defaults_are_the_rollout_configs():
     for f in dataclasses.fields(EngineArgs):
         if hasattr(rollout, f.name) and f.name != "max_model_len":
             assert getattr(args, f.name) == getattr(rollout, f.name), f.name
+    assert args.speculative_config == rollout.speculative
 
 
 def test_engine_args_carry_every_engine_key_of_the_config():
@@ -33,6 +34,9 @@ def test_engine_args_carry_every_engine_key_of_the_config():
             "actor_rollout_ref.rollout.enable_prefix_caching=False",
             "actor_rollout_ref.rollout.num_scheduler_steps=3",
             "actor_rollout_ref.rollout.cascade_attention=auto",
+            "actor_rollout_ref.rollout.speculative.method=suffix",
+            "actor_rollout_ref.rollout.speculative.num_speculative_tokens=5",
+            "actor_rollout_ref.rollout.speculative.disable_by_batch_size=12",
             "data.max_prompt_length=100",
             "data.max_response_length=50",
             "data.seed=5",
@@ -43,6 +47,19 @@ def test_engine_args_carry_every_engine_key_of_the_config():
     assert args.enforce_eager and args.cudagraph_capture_sizes == [2, 4] and not args.enable_chunked_prefill
     assert not args.enable_prefix_caching and args.num_scheduler_steps == 3 and args.cascade_attention == "auto"
     assert args.max_model_len == 150 and args.seed == 5
+    spec = args.speculative_config
+    assert (spec.method, spec.num_speculative_tokens, spec.disable_by_batch_size) == ("suffix", 5, 12)
+
+
+def test_speculative_config_as_vllm_takes_it_and_mistakes_are_named():
+    _, model = make_pair("llama")
+    llm = LLM(model, num_kv_blocks=32, speculative_config={"method": "suffix", "num_speculative_tokens": 3})
+    assert llm.llm_engine.speculator is not None and llm.llm_engine.model_runner.verify_rows == 32
+    assert LLM(model, num_kv_blocks=32).llm_engine.speculator is None
+    with pytest.raises(ValueError, match=r"unknown speculative_config key\(s\) \['num_draft_tokens'\]"):
+        EngineArgs(speculative_config={"num_draft_tokens": 3})
+    with pytest.raises(ValueError, match="speculative_config.prompt_lookup_min=9: must be <= prompt_lookup_max=4"):
+        EngineArgs(speculative_config={"prompt_lookup_max": 4, "prompt_lookup_min": 9})
 
 
 def test_an_unknown_engine_argument_is_named():
@@ -75,8 +92,8 @@ def test_chunked_prefill_off_prefills_each_prompt_whole_with_the_same_tokens():
         scheduler, chunks = llm.llm_engine.scheduler, []
         schedule = scheduler.schedule
 
-        def listed(schedule=schedule, chunks=chunks):
-            batch = schedule()
+        def listed(*args, schedule=schedule, chunks=chunks):
+            batch = schedule(*args)
             chunks += [
                 n
                 for s, n in zip(batch.seqs, batch.num_new_tokens, strict=True)

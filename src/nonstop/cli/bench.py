@@ -19,6 +19,7 @@ BENCHMARKS = {
     "phases": "nonstop.bench.phases",
     "prefix": "nonstop.bench.prefix",
     "rollout": "nonstop.bench.rollout",
+    "spec": "nonstop.bench.spec",
     "trainer": "nonstop.bench.trainer_step",
 }
 

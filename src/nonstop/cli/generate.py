@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from nonstop.config.assign import parse_override
 from nonstop.models.tokenizer import encode_chat
 
 
@@ -32,6 +33,7 @@ def register(subparsers) -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--min-tokens", type=int, default=0)
     parser.add_argument("--stop-token-ids", type=int, nargs="*", default=None)
+    parser.add_argument("--stop", action="append", help="a stop string (the text is cut before it); repeat for several")
     parser.add_argument("--ignore-eos", action="store_true", help="generate exactly max tokens")
     parser.add_argument("--seed", type=int, default=None, help="per-request seed for reproducible samples")
     parser.add_argument("--no-chat-template", action="store_true", help="send text prompts as raw text")
@@ -39,6 +41,13 @@ def register(subparsers) -> None:
     parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available")
     parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], help="default: bf16 on GPU, fp32 on CPU")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument(
+        "--speculative",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="speculative decoding (method=suffix unless given), with actor_rollout_ref.rollout.speculative.* keys: "
+        "--speculative num_speculative_tokens=4 disable_by_batch_size=64",
+    )
     parser.set_defaults(run=run)
 
 
@@ -86,15 +95,20 @@ def run(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         min_tokens=args.min_tokens,
         stop_token_ids=args.stop_token_ids,
+        stop=args.stop,
         ignore_eos=args.ignore_eos,
         seed=args.seed,
     )
     # LLM(path) picks the device (CUDA when visible) and dtype (bf16 on GPU, fp32 on CPU) and loads the tokenizer.
+    speculative = (
+        None if args.speculative is None else {"method": "suffix", **dict(map(parse_override, args.speculative))}
+    )
     llm = LLM(
         str(args.model or default_model_path()),
         device=args.device,
         dtype=args.dtype,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        **({} if speculative is None else {"speculative_config": speculative}),
     )
     tokenizer = llm.tokenizer
     prompt_ids = [to_token_ids(r, tokenizer, not args.no_chat_template) for r in requests]

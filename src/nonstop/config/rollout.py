@@ -13,6 +13,8 @@ CASCADE_CHOICES = (True, False, "auto")
 # Σ_tiles (members - 1) × prefix tokens, are at least this share of the step's KV reads (Σ context lengths): below it
 # the extra launches and the partials' round trip are not paid back (rollout/cascade.py, `nonstop bench cascade`).
 CASCADE_AUTO_MIN_SAVED = 0.25
+SPECULATIVE_METHODS = ("off", "suffix")
+DRAFT_RULES = ("auto", "always")
 
 
 def _check_sampling(temperature: float, top_k: int, top_p: float, n: int) -> None:
@@ -32,6 +34,63 @@ class ValKwargsConfig:
 
     def __post_init__(self):
         _check_sampling(self.temperature, self.top_k, self.top_p, self.n)
+
+
+@dataclass
+class SpeculativeConfig:
+    """Exact speculative decoding from the group's own samples (rollout/spec/, docs/engine.md)."""
+
+    method: str = option(
+        "off",
+        "(nonstop) Speculative decoding: off | suffix (model-free drafts from the request's prompt, its sibling "
+        "samples and earlier responses to the same prompt, verified in one forward; samples and log-probs are "
+        "exactly those of plain decoding)",
+    )
+    num_speculative_tokens: int = option(8, "Most draft tokens per sequence per verify step")
+    disable_by_batch_size: int = option(
+        32,
+        "Draft only while at most this many sequences run (larger decode batches are compute-bound: a verify step "
+        "costs about its tokens there)",
+    )
+    draft_rule: str = option(
+        "auto",
+        "(nonstop) auto = draft where the acceptance history and the measured step times say a verify step pays "
+        "(never slower than plain decoding); always = verify every step that has a draft",
+    )
+    prompt_lookup_max: int = option(16, "Longest suffix of a sequence matched against its group's text")
+    prompt_lookup_min: int = option(2, "Shortest suffix match that yields a draft")
+    suffix_decoding_min_token_prob: float = option(
+        0.1, "A draft stops where the matched continuations agree on its next token less often than this"
+    )
+    suffix_decoding_max_cached_requests: int = option(
+        10000,
+        "Prompts whose latest responses are kept (least recently used out) to draft from when the prompt returns "
+        "(later epochs; kept across weight updates); 0 = none",
+    )
+
+    def __post_init__(self):
+        check_choice("method", self.method, SPECULATIVE_METHODS)
+        check_choice("draft_rule", self.draft_rule, DRAFT_RULES)
+        for name in ("num_speculative_tokens", "disable_by_batch_size", "prompt_lookup_max", "prompt_lookup_min"):
+            check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
+        check(
+            self.prompt_lookup_min <= self.prompt_lookup_max,
+            "prompt_lookup_min",
+            self.prompt_lookup_min,
+            f"must be <= prompt_lookup_max={self.prompt_lookup_max}",
+        )
+        check(
+            0 <= self.suffix_decoding_min_token_prob < 1,
+            "suffix_decoding_min_token_prob",
+            self.suffix_decoding_min_token_prob,
+            "must be in [0, 1)",
+        )
+        check(
+            self.suffix_decoding_max_cached_requests >= 0,
+            "suffix_decoding_max_cached_requests",
+            self.suffix_decoding_max_cached_requests,
+            "must be >= 0",
+        )
 
 
 @dataclass
@@ -89,6 +148,7 @@ class RolloutConfig:
     log_prob_max_token_len_per_gpu: int | None = option(
         None, "Token budget per micro-batch; null = actor's ppo_max_token_len_per_gpu"
     )
+    speculative: SpeculativeConfig = section(SpeculativeConfig, "(nonstop) Speculative decoding")
     val_kwargs: ValKwargsConfig = section(ValKwargsConfig, "Sampling for validation")
 
     def __post_init__(self):

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from nonstop.kernels.cascade_decode import CascadeMetadata
 from nonstop.kernels.grid import next_power_of_2
-from nonstop.kernels.paged_decode_triton import _tile_tokens, attend_tiles, choose_num_splits, num_sms
+from nonstop.kernels.paged_decode_triton import _tile_tokens, attend_tiles, choose_num_splits, merge_partials, num_sms
 
 
 @triton.jit
@@ -182,19 +182,10 @@ def _cascade_merge_kernel(
 
     num_valid = num_suffix_splits + tl.load(num_prefix_parts_ptr + n)
     offs_s = tl.arange(0, SLOTS_PAD)
-    offs_e = tl.arange(0, E)
-    mask_s = offs_s < num_valid
     row = (n * tl.num_programs(1) + head) * num_slots + offs_s
-    lse = tl.load(lse_part_ptr + row, mask=mask_s, other=float("-inf"))
-    o_part = tl.load(o_part_ptr + row[:, None] * E + offs_e[None, :], mask=mask_s[:, None], other=0.0)
-
     # Empty parts have lse -inf and weigh 0; a sequence with no key at all (context 0, graph padding) gets zeros.
-    lse_max = tl.max(lse, axis=0)
-    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    weights = tl.where(mask_s, tl.exp2(lse - lse_max), 0.0)
-    total = tl.sum(weights, axis=0)
-    out = tl.sum(o_part * weights[:, None], axis=0) / tl.where(total > 0, total, 1.0)
-    tl.store(o_ptr + n * stride_on + head * stride_oh + offs_e, out.to(o_ptr.dtype.element_ty))
+    out = merge_partials(o_part_ptr, lse_part_ptr, row, offs_s < num_valid, E)
+    tl.store(o_ptr + n * stride_on + head * stride_oh + tl.arange(0, E), out.to(o_ptr.dtype.element_ty))
 
 
 def cascade_decode_attention_triton(

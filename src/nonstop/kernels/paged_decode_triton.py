@@ -103,6 +103,21 @@ def attend_tiles(
 
 
 @triton.jit
+def merge_partials(o_part_ptr, lse_part_ptr, rows, mask_s, E: tl.constexpr):
+    """The partial outputs at `rows` of `o_part_ptr` ([*, E] fp32; those in `mask_s`) averaged by the weights their
+    log-sum-exps (log2 units) give: one head's output from its splits. Parts that saw no key have lse -inf and weigh
+    nothing; when none saw one the result is zeros. Shared by the paged decode, cascade and verify reductions."""
+    offs_e = tl.arange(0, E)
+    lse = tl.load(lse_part_ptr + rows, mask=mask_s, other=float("-inf"))
+    o_part = tl.load(o_part_ptr + rows[:, None] * E + offs_e[None, :], mask=mask_s[:, None], other=0.0)
+    lse_max = tl.max(lse, axis=0)
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    weights = tl.where(mask_s, tl.exp2(lse - lse_max), 0.0)
+    total = tl.sum(weights, axis=0)
+    return tl.sum(o_part * weights[:, None], axis=0) / tl.where(total > 0, total, 1.0)
+
+
+@triton.jit
 def _paged_decode_split_kernel(
     q_ptr,
     k_cache_ptr,
@@ -199,17 +214,9 @@ def _paged_decode_reduce_kernel(
     num_valid = tl.cdiv(num_tiles, tl.maximum(tiles_per_split, 1))
 
     offs_s = tl.arange(0, SPLITS_PAD)
-    offs_e = tl.arange(0, E)
-    mask_s = offs_s < num_valid
     row = (n * tl.num_programs(1) + head) * num_splits + offs_s
-    lse = tl.load(lse_part_ptr + row, mask=mask_s, other=float("-inf"))
-    o_part = tl.load(o_part_ptr + row[:, None] * E + offs_e[None, :], mask=mask_s[:, None], other=0.0)
-
-    lse_max = tl.max(lse, axis=0)
-    weights = tl.where(mask_s, tl.exp2(lse - lse_max), 0.0)
-    total = tl.sum(weights, axis=0)
-    out = tl.sum(o_part * weights[:, None], axis=0) / tl.where(total > 0, total, 1.0)
-    tl.store(o_ptr + n * stride_on + head * stride_oh + offs_e, out.to(o_ptr.dtype.element_ty))
+    out = merge_partials(o_part_ptr, lse_part_ptr, row, offs_s < num_valid, E)
+    tl.store(o_ptr + n * stride_on + head * stride_oh + tl.arange(0, E), out.to(o_ptr.dtype.element_ty))
 
 
 def num_sms(device: torch.device | int) -> int:

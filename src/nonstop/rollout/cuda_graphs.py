@@ -1,5 +1,6 @@
-"""CUDA graphs for decode-only launches: a launch's whole device work (`ModelRunner.decode_launch`: k steps of
-model, logits, sampler and writes) replayed as one graph.
+"""CUDA graphs for decode-only and verify launches: a launch's whole device work (`ModelRunner.decode_launch`: k
+steps of model, logits, sampler and writes; `ModelRunner.verify_launch`: one step over every row's last token and
+draft) replayed as one graph.
 
 Its static inputs are the runner's persistent buffers, so a replay copies nothing. Batch sizes are bucketed
 (`graph_batch_sizes`, or `cudagraph_capture_sizes`; a larger batch decodes eagerly), padding rows write into the
@@ -57,18 +58,21 @@ class DecodeGraphs:
         possible one after every `resume` would cost more than it saves. It overwrites the step buffer's first
         `shape.num_rows` decode rows: call it before a launch's upload."""
         r = self.runner
-        b = r.buffers.dev
         # Capture-time inputs: every row a padding row, so the warm-up and capture write only the scratch block.
-        r.planner.pad_rows(b, 0, shape.num_rows)
-        if shape.cascade_rows:
-            # No row in a tile, every work item idle: the capture's attention is the suffix over the scratch block.
-            for name in ("cascade_members", "cascade_prefix_lens", "cascade_prefix_parts"):
-                b[name][: shape.num_rows] = 0
-            b["cascade_work"][: shape.cascade_work] = 0
+        if shape.num_query > 1:
+            r.verify_planner.pad(r.verify_buffers.dev, 0, shape.num_rows, 0, shape.num_rows // shape.num_query)
+        else:
+            b = r.buffers.dev
+            r.planner.pad_rows(b, 0, shape.num_rows)
+            if shape.cascade_rows:
+                # No row in a tile, every work item idle: the capture's attention is the suffix over the scratch block.
+                for name in ("cascade_members", "cascade_prefix_lens", "cascade_prefix_parts"):
+                    b[name][: shape.num_rows] = 0
+                b["cascade_work"][: shape.cascade_work] = 0
         # The warm-up (Triton autotuning and lazy inits happen outside capture) samples into `sampled_ids`, where the
         # launch being captured for reads the ids of the launch still in flight: put them back after it.
         in_flight_ids = r.sampled_ids.clone()
-        r.decode_launch(shape)
+        self._launch(shape)
         self.graphs[shape] = self._record(shape)
         r.sampled_ids.copy_(in_flight_ids)
         self.kv_ptr = r.k_caches[0].data_ptr()
@@ -83,11 +87,17 @@ class DecodeGraphs:
         # thread keeps allocating and launching on its own stream while the rollouter thread captures; "global"
         # would make those calls fail during the capture.
         with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            self.runner.decode_launch(shape)
+            self._launch(shape)
         if self.pool is None:
             self.pool = graph.pool()
         torch.cuda.synchronize(device)
         return graph
+
+    def _launch(self, shape: LaunchShape) -> None:
+        if shape.num_query > 1:
+            self.runner.verify_launch(shape)
+        else:
+            self.runner.decode_launch(shape)
 
     def replay(self, shape: LaunchShape) -> None:
         """Runs the launch on the inputs already uploaded to the step buffer."""

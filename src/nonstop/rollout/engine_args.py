@@ -4,10 +4,12 @@ the trainer's engine start from the same values."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import dataclasses
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from nonstop.config.rollout import CASCADE_CHOICES, RolloutConfig
+from nonstop.config.errors import ConfigError
+from nonstop.config.rollout import CASCADE_CHOICES, RolloutConfig, SpeculativeConfig
 
 _DEFAULT = RolloutConfig()
 
@@ -32,6 +34,9 @@ class EngineArgs:
     # Decode steps chained on the device per launch when only decoding (scheduler.py); None: 8 on CUDA, 1 elsewhere.
     num_scheduler_steps: int | None = _DEFAULT.num_scheduler_steps
     cascade_attention: bool | str = _DEFAULT.cascade_attention  # True, False or "auto" (cascade.py)
+    # Speculative decoding (rollout/spec/): the rollout config's `speculative` section, or a dict of its keys
+    # (vLLM's `speculative_config`).
+    speculative_config: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     seed: int = 0
 
     def __post_init__(self):
@@ -46,6 +51,18 @@ class EngineArgs:
             raise ValueError(f"cascade_attention must be one of {CASCADE_CHOICES}, got {self.cascade_attention!r}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        spec = self.speculative_config
+        if isinstance(spec, dict):
+            known = {f.name for f in dataclasses.fields(SpeculativeConfig)}
+            unknown = sorted(set(spec) - known)
+            if unknown:
+                raise ValueError(f"unknown speculative_config key(s) {unknown}; known: {sorted(known)}")
+            try:
+                self.speculative_config = SpeculativeConfig(**spec)
+            except ConfigError as e:
+                raise ValueError(str(e.under("speculative_config"))) from None
+        elif not isinstance(spec, SpeculativeConfig):
+            raise ValueError(f"speculative_config must be a dict or a SpeculativeConfig, got {spec!r}")
         sizes = self.cudagraph_capture_sizes
         if sizes is not None:
             if not sizes or any(s < 1 for s in sizes):
@@ -76,5 +93,6 @@ def engine_args(config: Any) -> EngineArgs:
         enable_prefix_caching=rollout.enable_prefix_caching,
         num_scheduler_steps=rollout.num_scheduler_steps,
         cascade_attention=rollout.cascade_attention,
+        speculative_config=rollout.speculative,
         seed=0 if data.seed is None else data.seed,
     )

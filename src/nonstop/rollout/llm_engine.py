@@ -2,7 +2,9 @@
 
 Async scheduling (the default): `step` launches step k+1 before it reads step k's sampled tokens, and does step k's
 host work while the device runs step k+1; a stop is seen one step late and costs one discarded token. Sampling does
-not change (a token's noise depends only on its seed, sample index and position). docs/engine.md has the details.
+not change (a token's noise depends only on its seed, sample index and position). Speculative decoding (rollout/spec/)
+drafts only where few sequences run; a step that verifies drafts is read before the next is scheduled.
+docs/engine.md has the details.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from nonstop.rollout.model_runner import ModelRunner
 from nonstop.rollout.outputs import CompletionOutput, RequestOutput
 from nonstop.rollout.sampling_params import SamplingParams
 from nonstop.rollout.scheduler import SampledRows, Scheduler, SchedulerStats
-from nonstop.rollout.sequence import Sequence
+from nonstop.rollout.sequence import FinishReason, Sequence
+from nonstop.rollout.spec import Speculator
 from nonstop.rollout.step_buffers import SampledStep
+from nonstop.rollout.stop_strings import StopStrings
 
 
 @dataclass
@@ -44,6 +48,10 @@ class _InFlight:
 
     sampled: SampledStep
     rows: SampledRows  # per sample row: the sequence and the index of its placeholder
+    # A plain decode launch in speculative decoding's drafting range: its decode steps and when it was launched (the
+    # draft rule weighs a verify step against it, launch to read back).
+    timed_steps: int = 0
+    launched_at: float = 0.0
 
 
 # Multi-step decode's default on CUDA, where chaining decode steps hides the host's per-step work (measured in
@@ -82,6 +90,9 @@ class LLMEngine:
         # Open `stats_window`s: each gets one entry per `step()`, the doctor's evidence for the long tail and KV
         # pressure.
         self.windows: list[StatsWindow] = []
+        self.stop_strings = StopStrings(tokenizer)
+        spec = args.speculative_config
+        self.speculator = Speculator(spec) if spec.method != "off" else None
 
     @property
     def stats(self) -> SchedulerStats:
@@ -143,6 +154,7 @@ class LLMEngine:
             output_token_ids=outputs,
             output_logprobs=list(output_logprobs or []),
         )
+        self.stop_strings.add(seq)
         self.scheduler.add(seq)
         self.requests[request_id] = _Request(
             request_id, prompt, list(prompt_token_ids), sampling_params.n, [seq], sampling_params.detokenize
@@ -156,27 +168,40 @@ class LLMEngine:
             raise RuntimeError("the KV cache is released; call resume() before generating")
         start = time.perf_counter()
         outputs, self.ready = self.ready, []
-        batch = self.scheduler.schedule()
+        stats, drafts, spec = self.scheduler.stats, None, self.speculator
+        if spec is not None and spec.wants_drafts(self.scheduler):
+            outputs += self._process_in_flight()  # drafts read every token of the running sequences
+            drafts, draft_s = spec.propose(self.scheduler, self._group)
+            stats.draft_time_s += draft_s
+            start = time.perf_counter() - draft_s  # a verify step's time: drafting, launch, read, host work
+        batch = self.scheduler.schedule(drafts)
         if not batch.seqs and self.in_flight is None:
             assert self.scheduler.is_finished(), "unfinished requests but nothing could be scheduled"
             return outputs
-        launched = None
+        launched, verify = None, batch.draft_token_ids is not None
+        prefill = not verify and max(batch.num_new_tokens, default=0) > 1
         if batch.seqs:
+            timed = not verify and not prefill and spec is not None and spec.in_range(self.scheduler)
+            launched_at = time.perf_counter()
             try:
                 sampled = self.model_runner.launch(batch)
             except BaseException:
                 # Scheduling registered prefix-cache hashes for blocks this step never wrote.
                 self.block_manager.reset_prefix_cache()
                 raise
-            if self.args.async_scheduling:
+            if self.args.async_scheduling and not verify:
                 result = self.scheduler.advance(batch)
-                launched = _InFlight(sampled, result.sampled)
+                launched = _InFlight(sampled, result.sampled, batch.num_scheduler_steps if timed else 0, launched_at)
             else:
+                # A verify step's outcome decides what the next step computes: read now.
                 result = self.scheduler.postprocess(batch, *sampled.read())
+                if timed:
+                    self._timed_plain(batch.num_scheduler_steps, time.perf_counter() - launched_at)
                 outputs += self._finished_outputs(result.finished)
             self.model_runner.copy_blocks(result.block_copies)
             for child in result.forked:
                 self.requests[child.request_id].seqs.append(child)
+                self.stop_strings.add(child)
         # The previous step's host work, while the device runs the one just launched.
         outputs += self._process_in_flight()
         self.in_flight = launched
@@ -185,25 +210,57 @@ class LLMEngine:
             # leave a step running into the caller's next move (weight update, release).
             self._process_in_flight()
         elapsed = time.perf_counter() - start  # async: about one device step once the pipeline is full
-        entry = StepLogEntry(elapsed, len(batch.seqs), self.scheduler.kv_blocked)
+        entry = StepLogEntry(elapsed, len(batch.seqs), self.scheduler.kv_blocked, decode=not prefill)
         for window in self.windows:
             window.steps.append(entry)
-        if max(batch.num_new_tokens, default=0) > 1:
-            self.scheduler.stats.prefill_time_s += elapsed
+        if verify:
+            stats.decode_time_s += elapsed
+            stats.verify_time_s += elapsed
+            stats.num_spec_range_steps += 1
+            spec.policy.verified([s.seq_id for s in batch.seqs], list(map(len, batch.draft_token_ids)),
+                                 result.accepted, elapsed)  # fmt: skip
+        elif prefill:
+            stats.prefill_time_s += elapsed
         else:
-            self.scheduler.stats.decode_time_s += elapsed
+            stats.decode_time_s += elapsed
         return outputs
+
+    def _timed_plain(self, num_steps: int, wall_s: float) -> None:
+        """A plain decode launch in the drafting range, from its launch to its tokens' arrival: under async
+        scheduling the period of a pipelined step, since the next launch went in before the read."""
+        stats = self.scheduler.stats
+        stats.num_spec_range_steps += num_steps
+        stats.spec_plain_time_s += wall_s
+        self.speculator.policy.decoded(num_steps, wall_s)
+
+    def _group(self, seq: Sequence) -> list[Sequence]:
+        return self.requests[seq.request_id].seqs
 
     def _process_in_flight(self) -> list[RequestOutput]:
         in_flight, self.in_flight = self.in_flight, None
         if in_flight is None:
             return []
-        finished = self.scheduler.update(in_flight.rows, *in_flight.sampled.read())
+        sampled = in_flight.sampled.read()
+        if in_flight.timed_steps:
+            self._timed_plain(in_flight.timed_steps, time.perf_counter() - in_flight.launched_at)
+        finished = self.scheduler.update(in_flight.rows, *sampled)
         return self._finished_outputs(finished)
 
     def _finished_outputs(self, finished: list[Sequence]) -> list[RequestOutput]:
-        done = {s.request_id for s in finished if self.requests[s.request_id].finished}
-        return [self._output(self.requests.pop(request_id)) for request_id in sorted(done)]
+        """The requests `finished` (the sequences an update ended) completes, once the stop strings found in the
+        tokens it filled in have ended theirs too."""
+        if self.stop_strings:
+            hits = self.stop_strings.check()
+            if hits:
+                finished = finished + self.scheduler.finish_at(hits, FinishReason.STOP)
+        done = [r for r in {s.request_id for s in finished} if self.requests[r].finished]
+        outputs = []
+        for request_id in sorted(done):
+            request = self.requests.pop(request_id)
+            outputs.append(self._output(request))
+            if self.speculator is not None:
+                self.speculator.finished(request_id, request.seqs, [c.token_ids for c in outputs[-1].outputs])
+        return outputs
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests or self.ready)
@@ -218,7 +275,12 @@ class LLMEngine:
         outputs = [o for o in self.ready if o.request_id in order]
         self.ready = [o for o in self.ready if o.request_id not in order]
         self.scheduler.abort(set(order))
-        outputs += [self._output(self.requests.pop(r)) for r in order if r in self.requests]
+        for request_id in order:
+            request = self.requests.pop(request_id, None)
+            if request is not None:
+                outputs.append(self._output(request))
+                if self.speculator is not None:
+                    self.speculator.finished(request_id, request.seqs, None)
         return sorted(outputs, key=lambda o: order[o.request_id])
 
     def _output(self, request: _Request) -> RequestOutput:
@@ -229,7 +291,7 @@ class LLMEngine:
         outputs = [
             CompletionOutput(
                 index=i,
-                text=self.tokenizer.decode(s.output_token_ids, skip_special_tokens=True) if detokenize else "",
+                text=self._text(s, detokenize),
                 token_ids=s.output_token_ids,
                 logprobs=list(s.output_logprobs),
                 finish_reason=s.finish_reason,
@@ -238,3 +300,10 @@ class LLMEngine:
         ]
         finished = all(c.finish_reason is not None for c in outputs)
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, outputs, finished)
+
+    def _text(self, seq: Sequence, detokenize: bool) -> str:
+        """The sample's text ("" without `detokenize`): cut before the stop string that ended it, if one did."""
+        text = self.stop_strings.text(seq)
+        if not detokenize:
+            return ""
+        return self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True) if text is None else text

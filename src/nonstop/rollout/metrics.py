@@ -5,16 +5,31 @@ sequences once the batch has reached that peak (`rollout/tail_frac`), and how fu
 (`rollout/tail_batch_fill`). The steps before the peak are the ramp-up (the prompts' prefill, before a group forks
 into its n samples), not a tail. KV pressure:
 time in steps that preempted or could not admit a waiting request for lack of free KV blocks
-(`rollout/kv_blocked_frac`).
+(`rollout/kv_blocked_frac`). Small batches: time in decode steps running at most `SMALL_BATCH` sequences
+(`rollout/small_batch_frac`), where a decode step costs its weight reads whatever its tokens (what speculative
+decoding spends). Speculative decoding (`rollout/spec/*`, when it is on): draft tokens verified and accepted, the
+acceptance rate, tokens per sequence per verify step (1 + accepted drafts, less any past a stop), verify steps as a
+share of the decode steps in the drafting range, the wall time of verify and of plain steps there, and the host
+time drafting took.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nonstop.config.rollout import SpeculativeConfig
 from nonstop.rollout.scheduler import SchedulerStats
 
 TAIL_FRACTION = 0.25  # a step is in the tail when it runs fewer than this share of the call's peak sequences
+# A step this small or smaller is weight-read bound: the speculative config's default `disable_by_batch_size`.
+SMALL_BATCH = SpeculativeConfig().disable_by_batch_size
+SMALL_BATCH_FRAC = "rollout/small_batch_frac"
+SPEC_ACCEPTANCE_RATE = "rollout/spec/acceptance_rate"
+SPEC_TOKENS_PER_VERIFY = "rollout/spec/tokens_per_verify"
+SPEC_NUM_VERIFY_STEPS = "rollout/spec/num_verify_steps"
+SPEC_NUM_PLAIN_STEPS = "rollout/spec/num_plain_steps"
+SPEC_VERIFY_TIME_S = "rollout/spec/verify_time_s"
+SPEC_PLAIN_TIME_S = "rollout/spec/plain_time_s"
 
 
 @dataclass
@@ -22,6 +37,7 @@ class StepLogEntry:
     wall_s: float  # `LLMEngine.step` wall time (about the device step under async scheduling)
     num_seqs: int  # sequences the step computed (each sample of a forked group counts once)
     kv_blocked: bool
+    decode: bool = True  # the step computed no prompt token (decode or verify)
 
 
 def rollout_metrics(stats: SchedulerStats, steps: list[StepLogEntry]) -> dict[str, float]:
@@ -33,6 +49,8 @@ def rollout_metrics(stats: SchedulerStats, steps: list[StepLogEntry]) -> dict[st
         "rollout/generated_tokens": float(stats.num_generated_tokens),
         "rollout/num_engine_steps": float(len(steps)),
     }
+    if stats.num_spec_range_steps:
+        metrics.update(spec_metrics(stats))
     total = sum(s.wall_s for s in steps)
     if total <= 0:
         return metrics
@@ -44,8 +62,25 @@ def rollout_metrics(stats: SchedulerStats, steps: list[StepLogEntry]) -> dict[st
     if tail_s > 0:
         metrics["rollout/tail_batch_fill"] = sum(s.wall_s * s.num_seqs / peak for s in tail) / tail_s
     metrics["rollout/kv_blocked_frac"] = sum(s.wall_s for s in steps if s.kv_blocked) / total
+    metrics[SMALL_BATCH_FRAC] = sum(s.wall_s for s in steps if s.decode and 0 < s.num_seqs <= SMALL_BATCH) / total
     metrics["rollout/peak_running_seqs"] = float(peak)
     return metrics
+
+
+def spec_metrics(stats: SchedulerStats) -> dict[str, float]:
+    drafted, verify_seqs = stats.num_draft_tokens, stats.num_verify_seqs
+    return {
+        "rollout/spec/num_draft_tokens": float(drafted),
+        "rollout/spec/num_accepted_tokens": float(stats.num_accepted_tokens),
+        SPEC_ACCEPTANCE_RATE: stats.num_accepted_tokens / drafted if drafted else 0.0,
+        SPEC_TOKENS_PER_VERIFY: stats.num_verify_tokens / verify_seqs if verify_seqs else 0.0,
+        SPEC_NUM_VERIFY_STEPS: float(stats.num_verify_steps),
+        SPEC_NUM_PLAIN_STEPS: float(stats.num_spec_range_steps - stats.num_verify_steps),
+        "rollout/spec/verify_step_frac": stats.num_verify_steps / stats.num_spec_range_steps,
+        SPEC_VERIFY_TIME_S: stats.verify_time_s,
+        SPEC_PLAIN_TIME_S: stats.spec_plain_time_s,
+        "rollout/spec/draft_time_s": stats.draft_time_s,
+    }
 
 
 class StatsWindow:

@@ -4,8 +4,9 @@
 runs the model with a `PagedAttention` backend, computes logits only at the rows that sample, samples on the device,
 and queues ONE copy of the sampled ids and log-probs back to pinned host memory. `launch` never waits for the device:
 the returned `SampledStep.read` is the step's one host sync, which the engine defers past the next launch (async
-scheduling). A decode-only launch (`decode_launch`: k chained decode steps, multi-step decode) reads only persistent
-buffers, so on CUDA it is replayed as one CUDA graph (cuda_graphs.py). docs/engine.md has the design.
+scheduling). A decode-only launch (`decode_launch`: k chained decode steps, multi-step decode) and a verify launch
+(`verify_launch`: speculative decoding, every row's last token and draft sampled at each position) read only
+persistent buffers, so on CUDA each is replayed as one CUDA graph (cuda_graphs.py). docs/engine.md has the design.
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ from nonstop.kernels.cascade_decode import CascadeMetadata
 from nonstop.models.transfer import host_to_device
 from nonstop.models.transformer import CausalLM
 from nonstop.rollout.cascade import MAX_PREFIX_SPLITS
-from nonstop.rollout.cuda_graphs import DecodeGraphs
+from nonstop.rollout.cuda_graphs import DecodeGraphs, graph_batch_sizes
 from nonstop.rollout.engine_args import EngineArgs
 from nonstop.rollout.kv_cache import default_num_blocks, kv_block_bytes
 from nonstop.rollout.paged_attention import AttentionMetadata, PagedAttention
 from nonstop.rollout.sampler import SamplingTensors, sample
 from nonstop.rollout.scheduler import ScheduledBatch
-from nonstop.rollout.step_buffers import SampledBuffers, SampledStep, SequenceRows, StepBuffers
+from nonstop.rollout.step_buffers import SampledBuffers, SampledStep, SequenceRows, StepBuffers, VerifyBuffers
 from nonstop.rollout.step_plan import LaunchShape, StepPlan, StepPlanner
+from nonstop.rollout.verify_plan import VerifyPlanner, verify_capacity
 
 
 class ModelRunner:
@@ -48,6 +50,17 @@ class ModelRunner:
         # Per sample row, the tokens min_tokens bans this launch: a persistent buffer, so CUDA graphs read it in place.
         # Before the KV cache is sized, which counts it as used memory.
         self.stop_mask_RV = torch.zeros(max_num_seqs, model.config.vocab_size, dtype=torch.bool, device=self.device)
+        # Speculative decoding: the most rows and tokens of a verify launch, and its own min_tokens mask.
+        spec = args.speculative_config
+        use_graphs = self.device.type == "cuda" and not args.enforce_eager
+        sizes = args.cudagraph_capture_sizes or graph_batch_sizes(max_num_seqs)
+        self.verify_rows = verify_capacity(spec, max_num_seqs, sizes if use_graphs else None)
+        verify_tokens = self.verify_rows * (1 + spec.num_speculative_tokens)
+        self.verify_stop_mask_TV = (
+            torch.zeros(verify_tokens, model.config.vocab_size, dtype=torch.bool, device=self.device)
+            if verify_tokens
+            else None
+        )
         self.kv_block_bytes = kv_block_bytes(model, self.block_size, self.dtype)
         self.num_kv_blocks = args.num_kv_blocks
         if self.num_kv_blocks is None:
@@ -79,8 +92,13 @@ class ModelRunner:
         # Every launch's sampled ids (row j * S + i: step j, sequence i), left on the device for the next step's
         # inputs (`decode_input_ids`, `_advance_decode_inputs`).
         self.sampled_ids = torch.zeros(num_scheduler_steps * max_num_seqs, dtype=torch.int64, device=self.device)
-        self.sampled = SampledBuffers(num_scheduler_steps * max_num_seqs, self.device)
-        if self.device.type == "cuda" and not args.enforce_eager:
+        self.sampled = SampledBuffers(max(num_scheduler_steps * max_num_seqs, verify_tokens), self.device)
+        self.verify_planner = None
+        if verify_tokens:
+            self.verify_buffers = VerifyBuffers(verify_tokens, self.max_blocks_per_seq, self.device)
+            self.verify_planner = VerifyPlanner(self.rows, self.verify_buffers, self.block_size, self.scratch_block,
+                                                spec.num_speculative_tokens, c.vocab_size)  # fmt: skip
+        if use_graphs:
             self.graphs = DecodeGraphs(self, args.cudagraph_capture_sizes or max_num_seqs)
 
     @property
@@ -91,6 +109,8 @@ class ModelRunner:
     @graphs.setter
     def graphs(self, graphs: DecodeGraphs | None) -> None:
         self._graphs = self.planner.graphs = graphs
+        if self.verify_planner is not None:
+            self.verify_planner.graphs = graphs
 
     @property
     def cascade_attention(self) -> bool | str:
@@ -165,13 +185,14 @@ class ModelRunner:
             num_prefix_slots=MAX_PREFIX_SPLITS,
         )
 
-    def _stage_stop_mask(self, plan: StepPlan, num_rows: int) -> None:
-        """The launch's min_tokens bans into the first `num_rows` rows of `stop_mask_RV` (padding rows ban nothing)."""
-        if not plan.banned:
+    def _stage_stop_mask(self, banned: list[tuple[int, int]] | None, mask_RV: Tensor, num_rows: int) -> None:
+        """A launch's min_tokens bans, (row, token) pairs, into the first `num_rows` rows of `mask_RV` (padding rows
+        ban nothing)."""
+        if not banned:
             return
         V = self.config.vocab_size
-        flat = self._to_device(np.asarray([row * V + token for row, token in plan.banned], dtype=np.int64))
-        stop_mask = self.stop_mask_RV[:num_rows]
+        flat = self._to_device(np.asarray([row * V + token for row, token in banned], dtype=np.int64))
+        stop_mask = mask_RV[:num_rows]
         stop_mask.zero_()
         # index_fill_ takes the value as a scalar argument; `mask[rows, tokens] = True` copies a host tensor(True) to
         # the device, a synchronizing copy (CUDA's sync debug mode catches it).
@@ -190,12 +211,13 @@ class ModelRunner:
             dev["block_tables"][:D], dev["slot_mapping"][:D], dev["input_ids"][:D], self.sampled_ids,
         )  # fmt: skip
 
-    def _sampling_tensors(self, shape: LaunchShape, step: int) -> SamplingTensors:
-        """Sampling settings of the launch's R rows; a multi-step launch's step `step` samples `step` positions
-        further on (its noise and min_tokens follow the position)."""
-        dev, R = self.buffers.dev, shape.num_rows
+    def _sampling_tensors(self, shape: LaunchShape, step: int, dev: dict[str, Tensor], stop_mask: Tensor | None):
+        """Sampling settings of the launch's R rows from the device views `dev` and the mask `stop_mask`; a
+        multi-step launch's step `step` samples `step` positions further on (its noise and min_tokens follow the
+        position)."""
+        R = shape.num_rows
         position_R, min_tokens_R = dev["position"][:R], dev["min_tokens"][:R]
-        stop_mask_RV = self.stop_mask_RV[:R] if shape.has_stop_mask else None
+        stop_mask_RV = stop_mask[:R] if shape.has_stop_mask else None
         if step and stop_mask_RV is not None:
             stop_mask_RV = stop_mask_RV & (position_R + step < min_tokens_R)[:, None]
         return SamplingTensors(
@@ -268,7 +290,8 @@ class ModelRunner:
         """Logits, sampling, and the step's R sampled ids and log-probs into `sampled_ids` and the sampled buffer
         at rows step * R + i."""
         R = shape.num_rows
-        tokens_R, logprobs_R = sample(self.model.compute_logits(hidden_RH), self._sampling_tensors(shape, step))
+        tensors = self._sampling_tensors(shape, step, self.buffers.dev, self.stop_mask_RV)
+        tokens_R, logprobs_R = sample(self.model.compute_logits(hidden_RH), tensors)
         self.sampled_ids[step * R : (step + 1) * R].copy_(tokens_R)
         self.sampled.write(step, tokens_R, logprobs_R)
 
@@ -287,11 +310,49 @@ class ModelRunner:
             hidden_RH = self.model(ids, positions, PagedAttention(self.k_caches, self.v_caches, md))
             self._sample(hidden_RH, shape, step)
 
+    def verify_launch(self, shape: LaunchShape) -> None:
+        """A verify launch's device work once its inputs are uploaded: the model over the R = rows x Q query tokens
+        (each row's last token and draft, causal among them, over its paged KV), the logits at every token, the
+        sampler, and the sampled ids and log-probs into the sampled buffer. Like `decode_launch` it reads only
+        persistent buffers (the verify buffer's device views, the KV cache, its stop mask) and syncs nothing: what
+        `DecodeGraphs` captures for a (rows, Q) shape, and what runs as it is elsewhere."""
+        dev, T, Q = self.verify_buffers.dev, shape.num_rows, shape.num_query
+        N = T // Q
+        md = AttentionMetadata(
+            slot_mapping_T=dev["slot_mapping"][:T], num_prefill_tokens=0, cu_seqlens_q=[0], cu_seqlens_k=[0],
+            cu_seqlens_q_t=None, cu_seqlens_k_t=None, max_seqlen_q=0, max_seqlen_k=0, context_slots_C=None,
+            block_tables_NM=dev["block_tables"][:N], context_lens_N=dev["context_lens"][:N],
+            num_query_N=dev["num_query"][:N],
+        )  # fmt: skip
+        attention = PagedAttention(self.k_caches, self.v_caches, md)
+        hidden_TH = self.model(dev["input_ids"][:T], dev["positions"][:T], attention)
+        tensors = self._sampling_tensors(shape, 0, dev, self.verify_stop_mask_TV)
+        tokens_T, logprobs_T = sample(self.model.compute_logits(hidden_TH), tensors)
+        self.sampled.write(0, tokens_T, logprobs_T)
+
+    def _launch_verify(self, batch: ScheduledBatch) -> SampledStep:
+        plan = self.verify_planner.plan(batch)
+        shape = plan.shape
+        if plan.use_graph and not self.graphs.has(shape):
+            self.graphs.capture(shape)  # before the upload: capturing overwrites the buffer's rows
+        self.verify_buffers.upload(num_block_table_rows=plan.num_rows)
+        self._stage_stop_mask(plan.banned, self.verify_stop_mask_TV, shape.num_rows)
+        # Every token of the next step is known on the host (the engine reads a verify step before the next).
+        self.planner.in_flight_rows = None
+        if plan.use_graph:
+            self.graphs.replay(shape)
+        else:
+            self.verify_launch(shape)
+        return self.sampled.read_back(1, shape.num_rows, plan.rows)
+
     @torch.inference_mode()
     def launch(self, batch: ScheduledBatch) -> SampledStep:
         """Queue the step (a multi-step decode launch: its k steps) on the device without waiting for it. Its sampled
         token ids and their log-probs, one row per sample drawn, in batch order (multi-step: step by step, the rows
-        of steps each sequence really runs), come from the returned handle's `read`."""
+        of steps each sequence really runs; a verify step: each sequence's 1 + draft length positions), come from
+        the returned handle's `read`."""
+        if batch.draft_token_ids is not None:
+            return self._launch_verify(batch)
         plan, _ = self.planner.plan(batch)
         S, K = plan.num_sample_rows, batch.num_scheduler_steps
         assert K <= self.num_scheduler_steps and (K == 1 or S == plan.num_decode == len(batch.seqs))
@@ -304,7 +365,7 @@ class ModelRunner:
             # Before the upload: capturing overwrites the buffer's decode rows.
             self.graphs.capture(shape)
         self.buffers.upload(num_block_table_rows=plan.bucket)  # the launch's one host-to-device copy
-        self._stage_stop_mask(plan, R)
+        self._stage_stop_mask(plan.banned, self.stop_mask_RV, R)
         self.planner.in_flight_rows = (S, R) if K > 1 else None
         if plan.use_graph:
             self.graphs.replay(shape)

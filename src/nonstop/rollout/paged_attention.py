@@ -7,7 +7,9 @@ call writes the new k/v into the cache through `slot_mapping` (slot = block id *
 - prefill: gathers each sequence's whole context (cached prefix + new tokens) back out of the cache and runs
   bottom-right causal attention — FlashAttention varlen on CUDA in bf16/fp16, the torch reference otherwise;
 - decode: `paged_decode_attention` reads K/V straight from the blocks (Triton split-KV kernel on CUDA), or, when the
-  step's metadata carries shared-prefix tiles, `cascade_decode_attention` reads each shared prefix once per tile.
+  step's metadata carries shared-prefix tiles, `cascade_decode_attention` reads each shared prefix once per tile;
+- verify (speculative decoding): each row's last token and draft, padded to Q query slots per row, attend over the
+  row's blocks, causally among the new tokens (`paged_verify_attention`).
 Writing before reading is what lets a sequence attend to blocks another sequence in the same step is computing
 (prefix-cache hits registered at scheduling time). The decode-only step's fused kernel (`rotary_decode_attention`)
 writes and reads in one launch instead; the scheduler never gives a one-token row a hit on a block the step fills
@@ -27,6 +29,7 @@ from torch import Tensor
 
 from nonstop.kernels.cascade_decode import CascadeMetadata, cascade_decode_attention
 from nonstop.kernels.paged_decode import paged_decode_attention
+from nonstop.kernels.paged_verify import paged_verify_attention
 from nonstop.kernels.reshape_and_cache import reshape_and_cache
 from nonstop.kernels.rotary import apply_rotary_qk
 from nonstop.kernels.rotary_cache import rotary_and_cache
@@ -51,6 +54,9 @@ class AttentionMetadata:
     context_lens_N: Tensor | None  # int32, the token being decoded included
     # Shared-prefix tiles of the decode rows (rollout/cascade.py): set when the step runs cascade decode attention.
     cascade: CascadeMetadata | None = None
+    # A verify step: each row's live query slots (its last token + draft; the tokens are N rows x Q slots, padding
+    # slots and rows have none). `context_lens_N` then counts the row's new tokens too.
+    num_query_N: Tensor | None = None
 
 
 class PagedAttention:
@@ -79,14 +85,14 @@ class PagedAttention:
         """`__call__` on q and k before the rotary embedding. A decode-only step (every decode step the CUDA graphs
         capture) without shared-prefix tiles goes to `rotary_decode_attention` (one launch that rotates, writes the
         cache and attends, where the decode kernel would run one split per sequence); with them it rotates and
-        writes in one launch (`rotary_and_cache`) and attends in another; a step with prefill tokens rotates first
-        and takes `__call__`."""
+        writes in one launch (`rotary_and_cache`) and attends in another, as does a verify step; a step with prefill
+        tokens rotates first and takes `__call__`."""
         md = self.metadata
         if md.num_prefill_tokens > 0:
             q_THE, k_TKE = apply_rotary_qk(q_THE, k_TKE, cos_TE, sin_TE)
             return self(layer_idx, q_THE, k_TKE, v_TKE)
         k_cache_PBKE, v_cache_PBKE, k_flat, v_flat = self._caches(layer_idx)
-        if md.cascade is None:
+        if md.cascade is None and md.num_query_N is None:
             scale = q_THE.shape[-1] ** -0.5
             return rotary_decode_attention(
                 q_THE, k_TKE, v_TKE, cos_TE, sin_TE, k_cache_PBKE, v_cache_PBKE, md.slot_mapping_T,
@@ -115,6 +121,10 @@ class PagedAttention:
     def _decode(self, q_NHE: Tensor, k_cache_PBKE: Tensor, v_cache_PBKE: Tensor) -> Tensor:
         md = self.metadata
         scale = q_NHE.shape[-1] ** -0.5
+        if md.num_query_N is not None:
+            return paged_verify_attention(
+                q_NHE, k_cache_PBKE, v_cache_PBKE, md.block_tables_NM, md.context_lens_N, md.num_query_N, scale
+            )
         if md.cascade is not None:
             return cascade_decode_attention(
                 q_NHE, k_cache_PBKE, v_cache_PBKE, md.block_tables_NM, md.context_lens_N, md.cascade, scale

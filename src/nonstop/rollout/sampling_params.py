@@ -10,8 +10,12 @@ class SamplingParams:
     """How one request is sampled.
 
     `temperature=0` is greedy. `top_k` <= 0 (vLLM writes -1) and `top_p=1` switch those filters off. `min_tokens`
-    masks EOS and `stop_token_ids` until that many tokens exist. `seed` makes the request's samples reproducible
-    whatever else runs in the same batch; without one the engine draws a seed from its own generator at admission.
+    masks EOS and `stop_token_ids` until that many tokens exist. `stop` (vLLM's stop strings): the sample ends as
+    soon as its decoded text contains one of them (after min_tokens): its token ids run up to and including the
+    token that completed the string, its text stops before the string, finish_reason "stop"; it needs the engine's
+    tokenizer, and only sequences that have stop strings are detokenized while they run. `seed` makes the
+    request's samples reproducible whatever else runs in the same batch; without one the engine draws a seed from
+    its own generator at admission.
     `logprobs` is accepted for vLLM compatibility: the engine always records the log-prob of every sampled token.
     `detokenize=False` leaves each completion's `text` empty (vLLM's flag): for callers that read token ids only, or
     decode them elsewhere, as the trainer does for its reward workers.
@@ -24,6 +28,7 @@ class SamplingParams:
     max_tokens: int = 16
     min_tokens: int = 0
     stop_token_ids: list[int] | None = None
+    stop: str | list[str] | None = None
     ignore_eos: bool = False
     seed: int | None = None
     logprobs: int | bool | None = None
@@ -50,6 +55,11 @@ class SamplingParams:
             if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
                 raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
             self.stop_token_ids = list(self.stop_token_ids)
+        if self.stop is not None:
+            stop = [self.stop] if isinstance(self.stop, str) else list(self.stop)
+            if any(not isinstance(s, str) or not s for s in stop):
+                raise ValueError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
+            self.stop = stop or None
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
 

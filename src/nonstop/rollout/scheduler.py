@@ -5,7 +5,9 @@ decoding sequence, the next prompt chunk for one prefilling), then admits waitin
 `max_num_seqs` and the free KV blocks allow; when blocks run out the youngest running sequence is preempted by
 recomputation. Its bookkeeping comes in two halves so the engine can launch step k+1 before reading step k's tokens:
 `advance` (lengths only, placeholders appended) and `update` (sampled values, stops, finishing). A decode-only step
-may run k decode steps in one launch (multi-step decode). docs/engine.md has the design and its invariants.
+may run k decode steps in one launch (multi-step decode), or verify drafts (speculative decoding: each sequence
+computes its last token and its draft, keeps the drafted tokens the sampler agrees with, `postprocess` only).
+docs/engine.md has the design and its invariants.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ class ScheduledBatch:
     # Multi-step decode: how many decode steps each sequence runs in this launch (1..k, its first token is
     # `num_new_tokens`' 1); None for a single step.
     num_steps: list[int] | None = None
+    # A verify step (speculative decoding): each sequence's draft, the tokens it computes after its last one
+    # (`num_new_tokens` is 1 + the draft's length) and samples at, one row per position; None for other steps.
+    draft_token_ids: list[list[int]] | None = None
 
     @property
     def num_scheduler_steps(self) -> int:
@@ -66,6 +71,21 @@ class SchedulerStats:
     # bytes and tokens by. Under async scheduling a decode step's wall time is about its device time.
     prefill_time_s: float = 0.0
     decode_time_s: float = 0.0
+    # Speculative decoding (verify steps, rollout/spec/): decode steps run in the drafting range (verify or plain;
+    # each step of a multi-step launch counts), sequences computed in verify steps (a sequence once per step), those
+    # of them that had a draft, draft tokens verified, those the sampler agreed with (accepted), the tokens verify
+    # steps produced (accepted + one per sequence, less any computed past a stop), their wall time and the plain
+    # launches'.
+    num_spec_range_steps: int = 0
+    num_verify_steps: int = 0
+    num_verify_seqs: int = 0
+    num_drafting_seqs: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_verify_tokens: int = 0
+    verify_time_s: float = 0.0
+    spec_plain_time_s: float = 0.0  # wall time of the plain decode launches in the drafting range
+    draft_time_s: float = 0.0  # host time the drafter took (inside the verify steps' wall time)
 
     def since(self, earlier: SchedulerStats) -> SchedulerStats:
         return SchedulerStats(**{k: v - getattr(earlier, k) for k, v in vars(self).items()})
@@ -91,6 +111,7 @@ class StepResult:
     forked: list[Sequence] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) KV blocks to copy now
     sampled: SampledRows = field(default_factory=SampledRows)
+    accepted: list[int] = field(default_factory=list)  # a verify step: each sequence's accepted draft tokens
 
 
 class Scheduler:
@@ -163,7 +184,9 @@ class Scheduler:
     def _reserve_fork_blocks(self, seq: Sequence, num_new_tokens: int, num_cached: int) -> int:
         return self._fork_blocks(seq) if num_cached + num_new_tokens == seq.num_tokens else 0
 
-    def schedule(self) -> ScheduledBatch:
+    def schedule(self, drafts: dict[int, list[int]] | None = None) -> ScheduledBatch:
+        """The next step. `drafts` (speculative decoding: draft tokens by seq_id, every token of the running
+        sequences known) make it a verify step when it would only decode; otherwise they are ignored."""
         self.block_manager.begin_step()
         batch = self._schedule_decodes()
         preempted, num_decoding = False, len(batch.seqs) if batch is not None else 0
@@ -172,7 +195,10 @@ class Scheduler:
         num_from_running = len(batch.seqs)
         self._admit(batch, self.max_num_batched_tokens - sum(batch.num_new_tokens), preempted)
         seqs, num_new = batch.seqs, batch.num_new_tokens
-        if self.num_scheduler_steps > 1 and seqs and not preempted and len(seqs) == num_from_running:
+        decode_only = seqs and not preempted and len(seqs) == num_from_running
+        if drafts is not None and decode_only:
+            batch.draft_token_ids = self._reserve_drafts(seqs, num_new, drafts)
+        if self.num_scheduler_steps > 1 and decode_only and batch.draft_token_ids is None:
             batch.num_steps = self._reserve_steps(seqs, num_new)
         if seqs:
             self.stats.num_steps += 1
@@ -317,6 +343,34 @@ class Scheduler:
             bm.allocate(seq, m)
         return steps
 
+    def _reserve_drafts(
+        self, seqs: list[Sequence], num_new: list[int], drafts: dict[int, list[int]]
+    ) -> list[list[int]] | None:
+        """A verify step: each sequence's draft, cut to leave room for the token sampled after it within max_tokens
+        and to the token budget, with the KV blocks of every drafted position allocated (`num_new` becomes 1 + the
+        draft's length); None (a plain step) unless every sequence decodes one known token, some sequence has a draft,
+        and all the blocks fit. Allocating hashes no block holding a draft token: the blocks hashed are those full of
+        known tokens (`BlockManager._num_hashable_blocks` stops at the sequence's length)."""
+        bm, budget = self.block_manager, self.max_num_batched_tokens - len(seqs)
+        B = bm.block_size
+        cut, needed = [], 0
+        for seq, n in zip(seqs, num_new, strict=True):
+            cached, num_tokens = seq.num_cached_tokens, len(seq.token_ids)
+            if n != 1 or seq.num_samples != 1 or cached + 1 != num_tokens or seq.token_ids[-1] < 0:
+                return None
+            draft = drafts.get(seq.seq_id, ())
+            k = max(0, min(len(draft), seq.max_num_tokens - num_tokens - 1, budget))
+            budget -= k
+            cut.append(list(draft[:k]))
+            needed += max(0, -(-(cached + 1 + k) // B) - len(seq.block_table))
+        if not any(cut) or needed > bm.num_free_blocks:
+            return None
+        for i, (seq, draft) in enumerate(zip(seqs, cut, strict=True)):
+            if draft:
+                bm.allocate(seq, 1 + len(draft))
+                num_new[i] = 1 + len(draft)
+        return cut
+
     def preempt(self, seq: Sequence) -> None:
         self.block_manager.deallocate(seq)
         self.block_manager.release_blocks(seq.fork_block_ids)
@@ -327,9 +381,57 @@ class Scheduler:
 
     def postprocess(self, batch: ScheduledBatch, token_ids: list[int], logprobs: list[float]) -> StepResult:
         """`advance` then `update` with the step's sampled tokens: rows of `token_ids` follow the batch order,
-        `num_samples` rows for each sequence that sampled."""
+        `num_samples` rows for each sequence that sampled (a verify step: 1 + its draft's length, `_accept`)."""
+        if batch.draft_token_ids is not None:
+            return self._accept(batch, token_ids, logprobs)
         result = self.advance(batch)
         result.finished = self.update(result.sampled, token_ids, logprobs)
+        return result
+
+    def _accept(self, batch: ScheduledBatch, token_ids: list[int], logprobs: list[float]) -> StepResult:
+        """A verify step's outcome. A sequence of L tokens with draft d_1..d_k sampled y_0..y_k at positions L..L+k
+        (y_j from the logits after its tokens and d_1..d_j, with the uniform plain decoding draws at that position).
+        It keeps y_0..y_a, a the longest prefix with y_j == d_{j+1}: each kept token was sampled after exactly the
+        tokens before it, so they are the tokens (and log-probs) plain decoding samples, and a draft token is kept
+        with its probability under the sampler (the speculative-sampling rule for a deterministic draft;
+        docs/engine.md). The KV of the last token and the accepted drafts stays (num_cached_tokens = L + a); the
+        rejected drafts' slots are overwritten later, their blocks kept for the next steps. `update` then fills the
+        kept tokens like a multi-step launch's rows (step-major), so stops and max_tokens end a sequence inside its
+        accepted draft exactly as they would have ended it in plain decoding."""
+        result, stats = StepResult(), self.stats
+        kept: list[tuple[Sequence, int, list[int], list[float]]] = []
+        offset = 0
+        for seq, draft in zip(batch.seqs, batch.draft_token_ids, strict=True):
+            k = len(draft)
+            sampled = token_ids[offset : offset + k + 1]
+            accepted = 0
+            while accepted < k and sampled[accepted] == draft[accepted]:
+                accepted += 1
+            start = len(seq.token_ids)
+            seq.num_cached_tokens = start + accepted
+            ids, lps = sampled[: accepted + 1], logprobs[offset : offset + accepted + 1]
+            seq.token_ids += ids
+            seq.output_logprobs += lps
+            kept.append((seq, start, ids, lps))
+            result.accepted.append(accepted)
+            offset += k + 1
+            stats.num_drafting_seqs += k > 0
+            stats.num_draft_tokens += k
+            stats.num_accepted_tokens += accepted
+        rows, ids_R, lps_R = result.sampled, [], []
+        for j in range(max(len(ids) for _, _, ids, _ in kept)):
+            for seq, start, ids, lps in kept:
+                if j < len(ids):
+                    rows.seqs.append(seq)
+                    rows.index.append(start + j)
+                    ids_R.append(ids[j])
+                    lps_R.append(lps[j])
+        rows.num_seqs = len(kept)
+        generated = stats.num_generated_tokens
+        result.finished = self.update(rows, ids_R, lps_R)
+        stats.num_verify_steps += 1
+        stats.num_verify_seqs += len(kept)
+        stats.num_verify_tokens += stats.num_generated_tokens - generated
         return result
 
     def advance(self, batch: ScheduledBatch) -> StepResult:
@@ -410,12 +512,31 @@ class Scheduler:
         # Once per sequence, its values all in: hash the blocks that filled up while their tokens were pending.
         self.block_manager.register_computed(filled)
         if finished:
-            for seq in finished:
-                self.block_manager.deallocate(seq)
-            self.running = deque(s for s in self.running if s.status is not FINISHED)
-            if any(s.status is FINISHED for s in self.waiting):  # preempted while its last token was pending
-                self.waiting = deque(s for s in self.waiting if s.status is not FINISHED)
+            self._release_finished(finished)
         return finished
+
+    def finish_at(self, ends: list[tuple[Sequence, int]], reason: str) -> list[Sequence]:
+        """End each sequence at its token `index` (a stop string found in the text of tokens `update` filled in):
+        the tokens after it are dropped, those still being sampled included (their rows are discarded when they
+        arrive, as after a late-seen stop id)."""
+        for seq, index in ends:
+            # Known tokens after it were counted as generated by `update`: they are discarded instead.
+            dropped = seq.num_known_tokens - index - 1
+            self.stats.num_generated_tokens -= dropped
+            self.stats.num_discarded_tokens += dropped
+            del seq.token_ids[index + 1 :], seq.output_logprobs[index + 1 - seq.num_prompt_tokens :]
+            self.finish(seq, reason)
+        finished = [seq for seq, _ in ends]
+        self._release_finished(finished)
+        return finished
+
+    def _release_finished(self, finished: list[Sequence]) -> None:
+        FINISHED = SequenceStatus.FINISHED
+        for seq in finished:
+            self.block_manager.deallocate(seq)
+        self.running = deque(s for s in self.running if s.status is not FINISHED)
+        if any(s.status is FINISHED for s in self.waiting):  # preempted while its last token was pending
+            self.waiting = deque(s for s in self.waiting if s.status is not FINISHED)
 
     def _fork(self, parent: Sequence, result: StepResult) -> list[Sequence]:
         children = []

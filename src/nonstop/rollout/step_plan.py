@@ -31,6 +31,8 @@ class LaunchShape(NamedTuple):
     all_greedy: bool
     any_top_k: bool
     any_top_p: bool
+    # Query slots per row of a verify launch (1 + its draft-length bucket; R = rows x slots); 1 for decode.
+    num_query: int = 1
 
 
 @dataclass

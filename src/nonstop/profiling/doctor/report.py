@@ -6,11 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nonstop.profiling.doctor import causes_overlap, causes_placement, causes_rollout, causes_step, causes_training
+from nonstop.profiling.doctor.causes_spec import speculative_decoding
 from nonstop.profiling.doctor.finding import FOUND, NO_DATA, Finding
 from nonstop.profiling.doctor.run_data import RunData
 
 CAUSES = (
     causes_rollout.generation_long_tail,
+    speculative_decoding,
     causes_placement.split_balance,
     causes_rollout.kv_cache_too_small,
     causes_step.reward_on_critical_path,

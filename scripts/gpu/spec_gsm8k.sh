@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# One device call, about 8 minutes: exact speculative decoding on SmolLM2-135M-Instruct and GSM8K (issue 29).
+#   bash scripts/gpu/spec_gsm8k.sh [MODEL] [DATA_DIR]
+# MODEL: the SmolLM2 GGUF (default ~/SmolLM2-135M-Instruct.Q4_1.gguf, joined from its carried parts); DATA_DIR:
+# GSM8K's release files, train.jsonl and test.jsonl (default .data/gsm8k, carried).
+#   (a) the GPU tests of speculative decoding and of the verify kernel
+#   (b) `nonstop bench spec` on the untrained model: T 0.6 / 1.0 x 8 / 64 / 256 sequences (1 / 8 / 32 prompts x 8)
+#   (c) a short GRPO run on GSM8K (a lower-entropy checkpoint, as a policy mid-run) and `bench spec` on it at T 1.0
+#   (d) sync GRPO steps from that checkpoint without and with speculation: timing_s/gen and timing_s/step
+# $OUT gets summary.txt, bench_untrained.json, bench_trained.json, grpo_ab.json and logs.tgz (every log).
+# STEPS (GRPO steps of (c), default 15), LR (its learning rate, default 1e-5), AB_STEPS (steps per side of (d),
+# default 4) change the sizes.
+source "$(dirname "$0")/common.sh"
+MODEL=${1:-$HOME/SmolLM2-135M-Instruct.Q4_1.gguf}
+DATA=${2:-.data/gsm8k}
+STEPS=${STEPS:-15}
+LR=${LR:-1e-5}
+AB_STEPS=${AB_STEPS:-4}
+[ -f "$MODEL" ] || { echo "no model at $MODEL"; exit 1; }
+python3 -m nonstop data gsm8k --source "$DATA" --out /tmp/gsm8k > "$OUT/data.log" 2>&1 || { cat "$OUT/data.log"; exit 1; }
+TRAIN=(python3 -m nonstop train examples/gsm8k_smollm2.yaml data.train_files=/tmp/gsm8k/train.parquet
+       data.val_files=/tmp/gsm8k/test.parquet trainer.val_before_train=False trainer.test_freq=-1
+       trainer.logger=[console])
+
+gpu_test tests 150 tests/rollout/test_spec_gpu.py $(ls tests/kernels/test_paged_verify*.py 2>/dev/null)
+
+t bench_untrained 180 python3 -m nonstop bench spec --model "$MODEL" --data "$DATA/train.jsonl" \
+  --temperatures 0.6,1.0 --prompts 1,8,32 --repeats 2 --out "$OUT/bench_untrained.json"
+
+RUN=/tmp/runs/spec_train
+t train 240 "${TRAIN[@]}" actor_rollout_ref.model.path="$MODEL" trainer.total_training_steps="$STEPS" \
+  trainer.save_freq="$STEPS" trainer.default_local_dir="$RUN" actor_rollout_ref.actor.optim.lr="$LR"
+CKPT=$RUN/checkpoints/global_step_$STEPS/actor
+if [ -d "$CKPT" ]; then
+  t bench_trained 120 python3 -m nonstop bench spec --model "$CKPT" --data "$DATA/train.jsonl" \
+    --temperatures 1.0 --prompts 1,8,32 --repeats 2 --out "$OUT/bench_trained.json"
+  for side in plain spec; do
+    extra=()
+    [ "$side" = spec ] && extra=(actor_rollout_ref.rollout.speculative.method=suffix)
+    t "grpo_$side" 150 "${TRAIN[@]}" actor_rollout_ref.model.path="$CKPT" trainer.total_training_steps="$AB_STEPS" \
+      trainer.save_freq=-1 trainer.default_local_dir="/tmp/runs/grpo_$side" "${extra[@]}"
+  done
+else
+  echo "no checkpoint at $CKPT: (c)'s bench and (d) skipped"
+fi
+
+python3 - "$OUT" "$RUN" <<'EOF' | tee "$OUT/summary.txt"
+import json, statistics, sys
+from pathlib import Path
+
+out, run = Path(sys.argv[1]), Path(sys.argv[2])
+
+
+def steps(path):
+    rows = [json.loads(line) for line in open(path)] if path.exists() else []
+    return [r for r in rows if "timing_s/step" in r]
+
+
+for name in ("bench_untrained", "bench_trained"):
+    path = out / f"{name}.json"
+    if not path.exists():
+        print(f"{name}: missing")
+        continue
+    print(f"\n{name}: T seqs plain_s spec_s speedup +history_s speedup accept tok/verify verify_frac same")
+    for r in json.loads(path.read_text())["rows"]:
+        w, s = r["wall_s"], r["spec"]
+        print(f"  {r['temperature']:.1f} {r['sequences']:4d} {w['plain']:.3f} {w['spec']:.3f} {r['speedup']:.2f}x "
+              f"{w['spec_history']:.3f} {r['speedup_history']:.2f}x {s.get('spec/acceptance_rate', 0):.2f} "
+              f"{s.get('spec/tokens_per_verify', 0):.2f} {s.get('spec/verify_step_frac', 0):.2f} "
+              f"{r['identical_to_plain']:.2f}")
+trained = steps(run / "metrics.jsonl")
+if trained:
+    print(f"\ntraining: {len(trained)} steps, actor/entropy {trained[0].get('actor/entropy')} -> "
+          f"{trained[-1].get('actor/entropy')}, response_length/mean {trained[0].get('response_length/mean')} -> "
+          f"{trained[-1].get('response_length/mean')}")
+ab = {}
+for side in ("plain", "spec"):
+    rows = steps(Path(f"/tmp/runs/grpo_{side}/metrics.jsonl"))[1:]  # step 1 captures graphs and warms up
+    if rows:
+        ab[side] = {k: statistics.median(r.get(k, 0.0) for r in rows) for k in
+                    ("timing_s/gen", "timing_s/step", "rollout/tail_frac", "rollout/small_batch_frac",
+                     "rollout/spec/tokens_per_verify", "rollout/spec/acceptance_rate", "rollout/spec/verify_step_frac")}
+        ab[side]["steps"] = len(rows)
+(out / "grpo_ab.json").write_text(json.dumps(ab, indent=1))
+if len(ab) == 2:
+    p, s = ab["plain"], ab["spec"]
+    print(f"\nsync GRPO step (median of {p['steps']} steps after the first): gen {p['timing_s/gen']:.2f} s -> "
+          f"{s['timing_s/gen']:.2f} s ({p['timing_s/gen'] / s['timing_s/gen']:.2f}x), step {p['timing_s/step']:.2f} s "
+          f"-> {s['timing_s/step']:.2f} s ({p['timing_s/step'] / s['timing_s/step']:.2f}x); spec tokens/verify "
+          f"{s['rollout/spec/tokens_per_verify']:.2f}, acceptance {s['rollout/spec/acceptance_rate']:.2f}, "
+          f"verify share {s['rollout/spec/verify_step_frac']:.2f}")
+EOF
+pack_logs
+ls -la "$OUT"

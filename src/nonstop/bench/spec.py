@@ -1,0 +1,210 @@
+"""`nonstop bench spec`: generation with and without speculative decoding, in the same run, on a real model and real
+prompts (GSM8K training prompts through the data loading and the chat template, n samples each).
+
+Online (the default; a GPU): per temperature and number of prompts, one engine generates the same prompts with the
+same seeds `--repeats` times on each side, interleaved after a warm-up of each: plain (speculation off), spec (the
+configured rule, the history of earlier responses cleared before each run: a prompt seen for the first time) and
+spec+history (the previous repeat's responses kept, as when a prompt returns in a later epoch). Reported: median
+generation wall time per side, the speed-up, acceptance rate, tokens per sequence per verify step, verify steps as
+a share of the drafting range's decode steps, the host time drafting took, and how many samples equal plain's (all,
+where verify and decode compute bit-identical logits; bf16 kernels may differ in the last bit, and a sample that
+draws another token there continues differently, as exactly distributed).
+
+`--offline` (any device, CPU included): plain generations only, then the drafter and the rule replayed over them
+(rollout/spec/replay.py; exact, since the tokens a verify step keeps are the plain tokens): acceptance, tokens per
+verify step and the decode-step speed-up at assumed verify costs, for the tuned defaults and for the issue's
+calibration drafter (suffix matches of up to 6 tokens, 4 draft tokens, drafting every step), and a second epoch of
+the same prompts drafted from the first's responses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import time
+
+import torch
+
+from nonstop.bench.env import default_result_path, environment, write_result
+from nonstop.config.assign import parse_override
+from nonstop.config.rollout import SpeculativeConfig
+from nonstop.rollout import LLM, SamplingParams
+from nonstop.rollout.spec.replay import replay
+from nonstop.rollout.spec.speculator import make_drafter
+
+DEFAULT_DATA = "/work/shared/data/gsm8k/train.jsonl"
+COST_RATIOS = (1.0, 1.3, 1.6)  # verify step / plain decode step, for the offline speed-up estimates
+# The issue's calibration drafter: longest suffix match of up to 6 tokens over the sequence, its siblings and the
+# prompt, 4 draft tokens, every step drafting.
+CALIBRATION = dict(prompt_lookup_max=6, num_speculative_tokens=4, draft_rule="always", disable_by_batch_size=1 << 30,
+                   suffix_decoding_max_cached_requests=0)  # fmt: skip
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",")]
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="nonstop bench spec", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=None, help="checkpoint: HF directory (a trained actor) or .gguf; default: "
+                        "the embedded SmolLM2-135M-Instruct")  # fmt: skip
+    parser.add_argument("--data", default=DEFAULT_DATA, help="GSM8K training file (JSONL or parquet)")
+    parser.add_argument("--temperatures", type=_floats, default=[0.6, 1.0])
+    parser.add_argument("--prompts", type=_ints, default=[1, 8, 32], help="prompts per run (x n sequences)")
+    parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=384)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--spec", nargs="*", default=[], help="speculative config keys, key=value (YAML values)")
+    parser.add_argument("--offline", action="store_true", help="replay the drafter over plain generations instead")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--out", default=None, help="JSON path (default bench/results/spec-<time>.json)")
+    return parser.parse_args(argv)
+
+
+def gsm8k_prompts(tokenizer, path: str, num: int, offset: int = 0) -> list[list[int]]:
+    """The first `num` training prompts from `offset` on, as the trainer builds them (chat template, ready for the
+    assistant's turn)."""
+    from nonstop.data.dataset import PromptDataset
+    from nonstop.data.readers import read_rows
+
+    rows = read_rows(path)[offset : offset + num]
+    return [item.prompt_token_ids for item in PromptDataset(rows, tokenizer, max_prompt_length=1 << 16).items]
+
+
+def sampling(args, temperature: float, num_prompts: int, seed: int) -> list[SamplingParams]:
+    return [SamplingParams(n=args.n, temperature=temperature, max_tokens=args.max_tokens, seed=seed * 100_003 + i,
+                           detokenize=False) for i in range(num_prompts)]  # fmt: skip
+
+
+def timed_generate(llm: LLM, prompts, params) -> tuple[list[list[int]], float, dict]:
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params)
+    sync()
+    return [c.token_ids for o in outputs for c in o.outputs], time.perf_counter() - start, dict(llm.metrics)
+
+
+def run_online(llm: LLM, prompts, args, temperature: float) -> dict:
+    """One (temperature, prompts) case: plain, spec and spec+history, `--repeats` times each, interleaved."""
+    engine = llm.llm_engine
+    speculator = engine.speculator
+    history = speculator.drafter.history
+    sides = {"plain": [], "spec": [], "spec_history": []}
+    spec_metrics, history_metrics, identical = [], [], []
+    for repeat in range(args.repeats + 1):  # the first round warms up (graph captures, autotuning)
+        params = sampling(args, temperature, len(prompts), seed=repeat)
+        engine.speculator = None
+        plain, plain_s, _ = timed_generate(llm, prompts, params)
+        engine.speculator = speculator
+        history.responses.clear()
+        spec, spec_s, metrics = timed_generate(llm, prompts, params)
+        # The responses of this run stay as the history a later epoch of these prompts would draft from.
+        history_params = sampling(args, temperature, len(prompts), seed=repeat + 1000)
+        _, history_s, h_metrics = timed_generate(llm, prompts, history_params)
+        if repeat == 0:
+            continue
+        sides["plain"].append(plain_s)
+        sides["spec"].append(spec_s)
+        sides["spec_history"].append(history_s)
+        spec_metrics.append(metrics)
+        history_metrics.append(h_metrics)
+        identical.append(sum(a == b for a, b in zip(plain, spec, strict=True)) / len(plain))
+    wall = {side: statistics.median(times) for side, times in sides.items()}
+    return {
+        "wall_s": wall,
+        "wall_s_all": sides,
+        "speedup": wall["plain"] / wall["spec"],
+        "speedup_history": wall["plain"] / wall["spec_history"],
+        "spec": _mean_metrics(spec_metrics),
+        "spec_history": _mean_metrics(history_metrics),
+        "identical_to_plain": statistics.mean(identical),
+        "generated_tokens": statistics.mean(m["rollout/generated_tokens"] for m in spec_metrics),
+    }
+
+
+def _mean_metrics(runs: list[dict]) -> dict:
+    keys = [k for k in runs[0] if k.startswith("rollout/spec/") or k == "rollout/small_batch_frac"]
+    return {k.removeprefix("rollout/"): statistics.mean(r.get(k, 0.0) for r in runs) for k in keys}
+
+
+def run_offline(llm: LLM, prompts, args, temperature: float, config: SpeculativeConfig) -> dict:
+    """Plain generations (two epochs of the same prompts, other seeds) and the drafter replayed over them."""
+    llm.llm_engine.speculator = None
+    epochs, walls = [], []
+    for epoch in range(2):
+        outputs, wall, _ = timed_generate(llm, prompts, sampling(args, temperature, len(prompts), seed=epoch))
+        epochs.append([(p, outputs[i * args.n : (i + 1) * args.n]) for i, p in enumerate(prompts)])
+        walls.append(wall)
+    calibration = dataclasses.replace(config, **CALIBRATION)
+    result = {"plain_wall_s": walls, "calibration": replay(epochs[0], calibration).to_json()}
+    drafter = make_drafter(config)
+    for name, groups in (("epoch1", epochs[0]), ("epoch2_history", epochs[1])):
+        stats = replay(groups, config, cost_ratio=COST_RATIOS[1], drafter=drafter)
+        result[name] = {**stats.to_json(), "speedup": {str(r): stats.speedup(r) for r in COST_RATIOS}}
+    every_step = dataclasses.replace(config, disable_by_batch_size=1 << 30, draft_rule="always")
+    result["every_step"] = replay(epochs[0], every_step).to_json()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    spec = {"method": "suffix", **dict(map(parse_override, args.spec))}
+    config = SpeculativeConfig(**spec)
+    from nonstop.models.loading import default_model_path
+
+    model = args.model or str(default_model_path())
+    max_num_seqs = max(args.prompts) * args.n
+    llm = LLM(model, device=args.device, max_num_seqs=max_num_seqs, gpu_memory_utilization=args.gpu_memory_utilization,
+              speculative_config=dataclasses.asdict(config))  # fmt: skip
+    if not args.offline and llm.llm_engine.model_runner.device.type != "cuda":
+        raise SystemExit("nonstop bench spec needs a CUDA GPU (or --offline)")
+    out = args.out or default_result_path("spec")
+    payload = {
+        "environment": environment(),
+        "command": "nonstop bench spec " + " ".join(argv or []),
+        "settings": {**{k: v for k, v in vars(args).items() if k != "out"}, "model": model},
+        "speculative_config": dataclasses.asdict(config),
+        "rows": [],
+    }
+    for temperature in args.temperatures:
+        for num_prompts in args.prompts:
+            prompts = gsm8k_prompts(llm.tokenizer, args.data, num_prompts)
+            row = {"temperature": temperature, "prompts": num_prompts, "sequences": num_prompts * args.n}
+            if args.offline:
+                row.update(run_offline(llm, prompts, args, temperature, config))
+            else:
+                row.update(run_online(llm, prompts, args, temperature))
+            payload["rows"].append(row)
+            write_result(out, payload)  # after every case: a time limit keeps the rest
+            print(json.dumps(row), flush=True)
+    print_table(payload["rows"], args.offline)
+    return 0
+
+
+def print_table(rows: list[dict], offline: bool) -> None:
+    if offline:
+        print(f"\n{'T':>4} {'seqs':>5} {'':14} {'accept':>7} {'tok/verify':>10} {'verify':>7} " +
+              " ".join(f"{'x@' + str(r):>6}" for r in COST_RATIOS))  # fmt: skip
+        for r in rows:
+            for name in ("calibration", "every_step", "epoch1", "epoch2_history"):
+                s = r[name]
+                speedups = " ".join(f"{s['speedup'][str(c)]:>6.2f}" for c in COST_RATIOS) if "speedup" in s else ""
+                print(f"{r['temperature']:>4} {r['sequences']:>5} {name:14} {s['acceptance_rate']:>7.2f} "
+                      f"{s['tokens_per_verify']:>10.2f} {s['verify_steps']:>7} {speedups}")  # fmt: skip
+        return
+    print(f"\n{'T':>4} {'seqs':>5} {'plain s':>8} {'spec s':>7} {'x':>5} {'+hist s':>8} {'x':>5} {'accept':>7} "
+          f"{'tok/verify':>10} {'verify':>7} {'same':>5}")  # fmt: skip
+    for r in rows:
+        w, s = r["wall_s"], r["spec"]
+        print(f"{r['temperature']:>4} {r['sequences']:>5} {w['plain']:>8.3f} {w['spec']:>7.3f} {r['speedup']:>5.2f} "
+              f"{w['spec_history']:>8.3f} {r['speedup_history']:>5.2f} {s.get('spec/acceptance_rate', 0):>7.2f} "
+              f"{s.get('spec/tokens_per_verify', 0):>10.2f} {s.get('spec/verify_step_frac', 0):>7.2f} "
+              f"{r['identical_to_plain']:>5.2f}")  # fmt: skip

@@ -1,0 +1,103 @@
+"""When to draft, and how much: the `draft_rule` of speculative decoding.
+
+A verify step pays when the tokens it yields per sequence beat what its cost buys in plain decode steps:
+
+    verify iff  1 + mean_i g_i  >=  t_verify / t_plain
+
+g_i is sequence i's accepted draft tokens per verify step it took part in (an exponentially weighted mean, 0 for a
+step where it had no draft; a new sequence starts from its group's or everyone's mean), t_verify and t_plain the
+wall times of recent verify steps and plain decode steps (medians of the last few, both measured by the engine at
+the batch sizes where it drafts), so the rule needs no constant measured elsewhere. A sequence whose g_i is below
+`MIN_GAIN` drafts nothing (its row decodes as in a plain step; probes aside), and a drafting sequence's draft
+length follows its last outcome: a fully accepted draft lets the next one grow by two, a rejection at position a
+caps it at a + 1. Every `PROBE_EVERY`-th step in the drafting range does the other thing once (verify while the rule
+says plain, plain while it says verify), so both times and the acceptance stay current, at a bounded cost.
+
+`always` verifies every step that has a draft, at full length: for tests and for measuring acceptance.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+
+from nonstop.config.rollout import SpeculativeConfig
+
+MIN_GAIN = 0.25  # accepted tokens per verify step below which a sequence's drafts are not worth their query tokens
+PROBE_EVERY = 16
+DECAY = 0.3  # weight of the newest outcome in g_i
+PRIOR_GAIN = 1.0  # g of a sequence before any outcome, with no group or global history either
+TIMES_KEPT = 8
+
+
+class DraftPolicy:
+    def __init__(self, config: SpeculativeConfig):
+        self.always = config.draft_rule == "always"
+        self.max_draft = config.num_speculative_tokens
+        self.gain: dict[int, float] = {}  # seq_id -> g
+        self.cap: dict[int, int] = {}  # seq_id -> draft length cap
+        self.global_gain = PRIOR_GAIN
+        self.verify_times: deque[float] = deque(maxlen=TIMES_KEPT)
+        self.plain_times: deque[float] = deque(maxlen=TIMES_KEPT)
+        self.steps_since_probe = 0
+
+    def draft_length(self, seq_id: int) -> int:
+        """The draft length the sequence gets if the step verifies (0: none)."""
+        if self.always:
+            return self.max_draft
+        if self.gain.get(seq_id, self.global_gain) < MIN_GAIN and not self._probing():
+            return 0
+        return self.cap.get(seq_id, self.max_draft)
+
+    def expected_gain(self, seq_ids: list[int], draft_lengths: list[int]) -> float:
+        """Mean accepted tokens per sequence a verify step with these draft lengths is expected to add."""
+        g = self.gain
+        return sum(g.get(s, self.global_gain) for s, k in zip(seq_ids, draft_lengths, strict=True) if k) / len(seq_ids)
+
+    def cost_ratio(self) -> float | None:
+        """t_verify / t_plain from the recent steps; None until both were measured."""
+        if not self.verify_times or not self.plain_times:
+            return None
+        return statistics.median(self.verify_times) / max(statistics.median(self.plain_times), 1e-9)
+
+    def should_verify(self, seq_ids: list[int], draft_lengths: list[int]) -> bool:
+        """Whether a step with these drafts verifies (`draft_lengths` all 0: never)."""
+        if not any(draft_lengths):
+            return False
+        if self.always:
+            return True
+        ratio = self.cost_ratio()
+        pays = ratio is None or 1 + self.expected_gain(seq_ids, draft_lengths) >= ratio
+        return pays != self._probing()
+
+    def may_verify(self, seq_ids: list[int]) -> bool:
+        """Before the drafts exist: whether some draft could make the step verify (the engine then reads the step in
+        flight to draft from every token)."""
+        return self.should_verify(seq_ids, [self.draft_length(s) for s in seq_ids])
+
+    def _probing(self) -> bool:
+        return self.steps_since_probe >= PROBE_EVERY
+
+    def verified(self, seq_ids: list[int], drafts: list[int], accepted: list[int], wall_s: float) -> None:
+        """A verify step's outcome: per sequence its draft length and accepted tokens; its wall time."""
+        self._step(verify=True, wall_s=wall_s)
+        gain, cap = self.gain, self.cap
+        for seq_id, k, a in zip(seq_ids, drafts, accepted, strict=True):
+            old = gain.get(seq_id, self.global_gain)
+            gain[seq_id] = old + DECAY * (a - old)
+            if k:
+                cap[seq_id] = min(self.max_draft, k + 2) if a == k else a + 1
+        self.global_gain += DECAY * (sum(accepted) / len(accepted) - self.global_gain)
+
+    def decoded(self, num_steps: int, wall_s: float) -> None:
+        """A plain decode launch of `num_steps` steps, in the drafting range, took `wall_s`."""
+        self._step(verify=False, wall_s=wall_s / num_steps)
+
+    def _step(self, verify: bool, wall_s: float) -> None:
+        (self.verify_times if verify else self.plain_times).append(wall_s)
+        self.steps_since_probe = 0 if self._probing() else self.steps_since_probe + 1
+
+    def forget(self, seq_ids: list[int]) -> None:
+        for seq_id in seq_ids:
+            self.gain.pop(seq_id, None)
+            self.cap.pop(seq_id, None)

@@ -1,0 +1,39 @@
+"""`nonstop bench spec --offline` on CPU, on SmolLM2 and one GSM8K prompt: plain generations replayed through the
+drafter, every replay consistent with the generations it replays, the JSON and the table written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nonstop.bench import spec
+from nonstop.cli.bench import BENCHMARKS
+
+loading = pytest.importorskip("nonstop.models.loading")
+
+
+@pytest.mark.slow
+def test_offline_spec_bench_replays_plain_generations(tmp_path, capsys):
+    try:
+        loading.default_model_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    assert BENCHMARKS["spec"] == "nonstop.bench.spec"
+    out = tmp_path / "spec.json"
+    argv = ["--offline", "--prompts", "1", "--n", "3", "--max-tokens", "12", "--temperatures", "0.6", "--device", "cpu"]
+    assert spec.main([*argv, "--spec", "prompt_lookup_min=1", "--out", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    assert payload["speculative_config"]["prompt_lookup_min"] == 1 and "torch" in payload["environment"]
+    (row,) = payload["rows"]
+    assert (row["temperature"], row["sequences"]) == (0.6, 3)
+    for name in ("calibration", "every_step", "epoch1", "epoch2_history"):
+        stats = row[name]
+        assert stats["accepted"] <= stats["drafted"]
+        # Each sequence in a verify step yields one token beyond its accepted drafts.
+        assert stats["verify_tokens"] == stats["accepted"] + stats["verify_seqs"]
+        assert stats["steps"] <= stats["plain_steps"] <= 11
+    # Drafting every step, every step is in the drafting range: it verifies, or no sample had a draft.
+    every = row["every_step"]
+    assert every["verify_steps"] + every["range_plain_steps"] == every["steps"]
+    assert "epoch2_history" in capsys.readouterr().out

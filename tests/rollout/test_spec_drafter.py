@@ -1,0 +1,161 @@
+"""The suffix drafter (longest match over the group's text, drafts by vote, earlier responses kept per prompt) and the
+rule that decides when drafting pays, on hand-built token streams and hand-computed decisions."""
+
+import pytest
+
+from nonstop.config.rollout import SpeculativeConfig
+from nonstop.rollout import SamplingParams
+from nonstop.rollout.sequence import Sequence
+from nonstop.rollout.spec.history import ResponseHistory
+from nonstop.rollout.spec.policy import DECAY, MIN_GAIN, PROBE_EVERY, DraftPolicy
+from nonstop.rollout.spec.suffix import SuffixDrafter
+
+PROMPT = [1, 2, 3, 4, 5]
+
+
+def group(*outputs: list[int], request_id: str = "r", prompt=PROMPT) -> list[Sequence]:
+    seqs = []
+    for i, output in enumerate(outputs):
+        seq = Sequence(request_id, prompt, SamplingParams(n=len(outputs)), seed=0, sample_index=i)
+        seq.token_ids += output
+        seq.output_logprobs += [0.0] * len(output)
+        seqs.append(seq)
+    return seqs
+
+
+def drafter(min_match=1, min_prob=0.0, history=8) -> SuffixDrafter:
+    return SuffixDrafter(max_match=16, min_match=min_match, min_token_prob=min_prob, max_cached_prompts=history)
+
+
+def draft(d: SuffixDrafter, seqs: list[Sequence], i: int, k: int = 8) -> list[int]:
+    return d.propose([seqs[i]], [seqs], [k])[0]
+
+
+def test_a_sibling_ahead_is_copied_from_the_longest_match():
+    seqs = group([6, 7, 8, 9], [6, 7])
+    assert draft(drafter(), seqs, 1) == [8, 9]
+    assert draft(drafter(), seqs, 1, k=1) == [8]
+
+
+def test_the_prompt_and_the_sequences_own_earlier_text_are_drafted_from():
+    assert draft(drafter(), group([9, 2, 3]), 0) == [4, 5]  # "2 3" continues as in the prompt
+    assert draft(drafter(), group([7, 8, 9, 4, 7, 8]), 0) == [9, 4, 7, 8]  # its own "7 8" ran on with "9 4 ..."
+
+
+def test_the_longest_match_wins_over_a_more_recent_shorter_one():
+    # Query ends "... 3 8 7"; sibling 0 matches "3 8 7" (then 1), sibling 1 only "8 7" (then 2).
+    seqs = group([3, 8, 7, 1], [9, 8, 7, 2], [3, 8, 7])
+    assert draft(drafter(), seqs, 2, k=1) == [1]
+
+
+def test_drafts_are_voted_and_end_where_the_candidates_stop_agreeing():
+    # Three siblings continue "6 7" as 8 9 | 8 10 | 11: 8 (2 of 3), then 9 or 10 (1 of 2: the most recent, 10).
+    seqs = group([6, 7, 8, 9], [6, 7, 8, 10], [6, 7, 11], [6, 7])
+    assert draft(drafter(min_prob=0.0), seqs, 3) == [8, 10]
+    assert draft(drafter(min_prob=0.5), seqs, 3) == [8]  # 2/3 * 1/2 < 0.5
+    assert draft(drafter(min_prob=0.7), seqs, 3) == []  # 2/3 < 0.7
+
+
+def test_no_match_as_long_as_min_match_drafts_nothing():
+    seqs = group([6, 7, 8, 9], [0, 7])  # only "7" matches
+    assert draft(drafter(min_match=2), seqs, 1) == []
+    assert draft(drafter(min_match=1), seqs, 1) == [8, 9]
+
+
+def test_siblings_in_lock_step_have_nothing_ahead_until_one_is():
+    d = drafter()
+    seqs = group([6], [6])
+    assert draft(d, seqs, 0) == []  # nothing follows either sample's "5 6" yet
+    seqs[1].token_ids += [7, 8]
+    assert draft(d, seqs, 0) == [7, 8]  # the same index, synced with the sibling's new tokens
+
+
+def test_a_finished_requests_responses_draft_for_the_next_one_with_its_prompt():
+    d = drafter()
+    first = group([6, 7, 8], [6, 9, 9], request_id="a")
+    d.propose(first, [first, first], [4, 4])
+    d.finished("a", PROMPT, [s.output_token_ids for s in first])
+    assert "a" not in d.groups
+    again = group([6], request_id="b")
+    assert draft(d, again, 0) in ([7, 8], [9, 9])
+    other = group([6], request_id="c", prompt=[5, 4, 3])
+    assert draft(d, other, 0) == []  # another prompt has no history
+
+
+def test_history_keeps_the_most_recently_used_prompts():
+    history = ResponseHistory(max_prompts=2)
+    history.put([1], [[10]])
+    history.put([2], [[20]])
+    assert history.get([1]) == [[10]]  # used: [2] is now the oldest
+    history.put([3], [[30]])
+    assert history.get([2]) == [] and history.get([1]) == [[10]] and history.get([3]) == [[30]]
+    history.put([1], [[11], [12]])  # a later request replaces the responses
+    assert history.get([1]) == [[11], [12]] and len(history) == 2
+    assert len(ResponseHistory(max_prompts=0)) == 0
+
+
+def policy(rule="auto", max_draft=4) -> DraftPolicy:
+    return DraftPolicy(SpeculativeConfig(method="suffix", draft_rule=rule, num_speculative_tokens=max_draft))
+
+
+def test_always_verifies_every_draft_at_full_length():
+    p = policy("always")
+    assert p.draft_length(7) == 4 and p.should_verify([7, 8], [0, 1]) and not p.should_verify([7, 8], [0, 0])
+
+
+def test_auto_verifies_while_the_expected_tokens_beat_the_measured_cost():
+    p = policy()
+    assert p.cost_ratio() is None and p.should_verify([1, 2], [4, 4])  # nothing measured: try it
+    for _ in range(4):
+        p.decoded(num_steps=8, wall_s=8.0)  # 1 s per plain step
+        p.verified([1, 2], [4, 4], [1, 1], wall_s=1.5)
+    assert p.cost_ratio() == pytest.approx(1.5)
+    # g moved from 1 towards 1 (1 accepted of 4): exactly 1 + 1 = 2 >= 1.5 verifies.
+    assert p.gain[1] == pytest.approx(1.0) and p.should_verify([1, 2], [4, 4])
+    p.gain[1] = p.gain[2] = 0.4  # 1.4 < 1.5
+    assert not p.should_verify([1, 2], [4, 4])
+    # Only sequences with a draft count: one at 1.0 and one without a draft expect 1 + 0.5.
+    p.gain[1] = 1.0
+    assert p.should_verify([1, 2], [4, 0]) and p.expected_gain([1, 2], [4, 0]) == pytest.approx(0.5)
+
+
+def test_auto_probes_the_other_way_every_so_often():
+    p = policy()
+    p.plain_times.extend([1.0] * 4)
+    p.verify_times.extend([10.0] * 4)  # verifying never pays
+    decisions = []
+    for _ in range(2 * PROBE_EVERY + 2):
+        verify = p.should_verify([1], [4])
+        decisions.append(verify)
+        if verify:
+            p.verified([1], [4], [0], wall_s=10.0)
+        else:
+            p.decoded(num_steps=1, wall_s=1.0)
+    assert decisions.count(True) == 2 and decisions[PROBE_EVERY] and decisions[2 * PROBE_EVERY + 1]
+
+
+def test_draft_lengths_follow_each_sequences_outcomes():
+    p = policy(max_draft=8)
+    p.verified([1, 2, 3], [4, 4, 4], [4, 1, 0], wall_s=1.0)
+    assert (p.draft_length(1), p.draft_length(2)) == (6, 2)  # all kept: +2; rejected at 1: 1 + 1
+    assert p.gain[3] == pytest.approx(1.0 - DECAY)
+    for _ in range(5):
+        p.verified([3], [1], [0], wall_s=1.0)
+    assert p.draft_length(3) == 0  # its drafts stopped paying
+    p.forget([1, 2, 3])
+    assert not p.gain and not p.cap
+    # A new sequence starts from everyone's mean, which those failures pulled below the threshold too.
+    assert p.global_gain == pytest.approx((1 + DECAY * (5 / 3 - 1)) * (1 - DECAY) ** 5) and p.global_gain < MIN_GAIN
+    assert p.draft_length(1) == 0
+
+
+def test_the_offline_replay_counts_what_verify_steps_keep():
+    """One sample repeating "4 5": the first two steps find nothing earlier to draft from (plain steps), then its own
+    "4" drafts "5 4" (both kept, plus the verify step's "5"), then "5 4 5" drafts "4" (kept, plus "5": the end)."""
+    from nonstop.rollout.spec.replay import replay
+
+    config = SpeculativeConfig(method="suffix", draft_rule="always", prompt_lookup_min=1)
+    stats = replay([([1, 2, 3], [[4, 5, 4, 5, 4, 5, 4, 5]])], config)
+    assert (stats.steps, stats.plain_steps, stats.verify_steps, stats.range_plain_steps) == (4, 7, 2, 2)
+    assert (stats.verify_seqs, stats.drafted, stats.accepted, stats.verify_tokens) == (2, 3, 3, 5)
+    assert stats.tokens_per_verify == 2.5 and stats.speedup(1.0) == 7 / 4 and stats.speedup(2.0) == 7 / 6

@@ -1,0 +1,144 @@
+"""Speculative decoding in the engine: token for token what plain decoding (and transformers' greedy) produces, with
+drafts that are partly wrong, under preemption, prefix sharing on and off, stops and max_tokens inside an accepted
+draft, and log-probs equal to a full forward."""
+
+import pytest
+import torch
+from rollout_helpers import TINY, hf_greedy, make_pair, random_prompts
+from spec_helpers import PartlyWrongDrafter, speculative_llm
+
+from nonstop.models import PackedAttention, packed_positions
+from nonstop.rollout import LLM, SamplingParams
+
+LENGTHS = [5, 17, 33, 1, 12]
+MAX_TOKENS = 12
+V = TINY["vocab_size"]
+GREEDY = SamplingParams(n=2, temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return make_pair("llama", seed=3)
+
+
+def samples(outputs) -> list[list[int]]:
+    return [c.token_ids for o in outputs for c in o.outputs]
+
+
+def assert_verified_and_rejected(llm: LLM) -> None:
+    """The run verified drafts, kept some draft tokens and rejected others."""
+    stats = llm.stats
+    assert stats.num_verify_steps > 0 and 0 < stats.num_accepted_tokens < stats.num_draft_tokens, stats
+
+
+@pytest.mark.parametrize(("enable_prefix_caching", "n"), [(True, 2), (False, 1)], ids=["shared", "unshared"])
+def test_greedy_equals_plain_decoding_and_transformers(tiny_pair, enable_prefix_caching, n):
+    """Shared: groups of two samples fork off one prefilled prompt, the prefix cache on; unshared: neither."""
+    reference, model = tiny_pair
+    prompts = random_prompts(LENGTHS)
+    params = SamplingParams(n=n, temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    plain = LLM(model, block_size=4, enable_prefix_caching=enable_prefix_caching).generate(prompts, params)
+    drafter = PartlyWrongDrafter.from_outputs(prompts, plain, V)
+    llm = speculative_llm(model, drafter, block_size=4, enable_prefix_caching=enable_prefix_caching)
+    spec = llm.generate(prompts, params)
+    assert samples(spec) == samples(plain)
+    assert [o.outputs[0].token_ids for o in spec] == [hf_greedy(reference, p, MAX_TOKENS) for p in prompts]
+    assert_verified_and_rejected(llm)
+    # A verify step produced more than one token per sequence on average.
+    assert llm.stats.num_verify_tokens > llm.stats.num_verify_seqs
+
+
+def test_preemption_forced(llama):
+    _, model = llama
+    prompts = random_prompts(LENGTHS, seed=1)
+    # 16 blocks of 4 tokens for 10 samples of up to 45 tokens: the youngest are preempted and recomputed.
+    kwargs = dict(block_size=4, num_kv_blocks=16, max_num_batched_tokens=16)
+    plain = LLM(model, **kwargs).generate(prompts, GREEDY)
+    llm = speculative_llm(model, PartlyWrongDrafter.from_outputs(prompts, plain, V), **kwargs)
+    assert samples(llm.generate(prompts, GREEDY)) == samples(plain)
+    assert llm.stats.num_preemptions > 0
+    assert_verified_and_rejected(llm)
+
+
+def test_sampled_logprobs_equal_a_full_forward(tiny_pair):
+    _, model = tiny_pair
+    prompts = random_prompts([9, 14, 4], seed=7)
+    temperature = 0.8
+    params = SamplingParams(n=3, temperature=temperature, top_k=30, top_p=0.95, max_tokens=10, seed=1, ignore_eos=True)
+    plain = LLM(model, block_size=4).generate(prompts, params)
+    llm = speculative_llm(model, PartlyWrongDrafter.from_outputs(prompts, plain, V), block_size=4)
+    outputs = llm.generate(prompts, params)
+    assert samples(outputs) == samples(plain)
+    assert_verified_and_rejected(llm)
+    seqs = [(p, c) for p, o in zip(prompts, outputs, strict=True) for c in o.outputs]
+    lengths = [len(p) + len(c.token_ids) for p, c in seqs]
+    ids = torch.tensor([t for p, c in seqs for t in p + c.token_ids])
+    with torch.no_grad():
+        hidden = model(ids, packed_positions(lengths, "cpu"), PackedAttention.from_lengths(lengths, "cpu"))
+        logprobs = (model.compute_logits(hidden) / temperature).log_softmax(-1)
+    offset = 0
+    for (prompt, completion), length in zip(seqs, lengths, strict=True):
+        pos = torch.arange(offset + len(prompt) - 1, offset + length - 1)  # token i was predicted at i - 1
+        expected = logprobs[pos, torch.tensor(completion.token_ids)]
+        torch.testing.assert_close(torch.tensor(completion.logprobs), expected, atol=1e-4, rtol=0)
+        offset += length
+
+
+def test_a_stop_id_inside_an_accepted_draft(llama):
+    _, model = llama
+    prompt = random_prompts([8], seed=8)[0]
+    free = LLM(model, block_size=4).generate([prompt], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    tokens = free[0].outputs[0].token_ids
+    stop = tokens[3]
+    first = tokens.index(stop)
+    params = SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[stop])
+    plain = LLM(model, block_size=4).generate([prompt], params)
+    # The right continuation, 8 tokens at a time: the first verify step drafts output tokens 1..8, the stop among them.
+    drafter = PartlyWrongDrafter.from_outputs([prompt], free, V, wrong_every=0)
+    llm = speculative_llm(model, drafter, num_speculative_tokens=8, block_size=4)
+    out = llm.generate([prompt], params)[0].outputs[0]
+    assert out.token_ids == plain[0].outputs[0].token_ids == tokens[: first + 1] and out.finish_reason == "stop"
+    assert drafter.drafts[0][1] <= first < drafter.drafts[0][1] + len(drafter.drafts[0][2])
+    # The accepted draft tokens after the stop were dropped.
+    assert llm.stats.num_discarded_tokens > 0 and llm.stats.num_generated_tokens == first + 1
+
+
+class WordTokenizer:
+    """Token i reads as "w{i} "."""
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(f"w{t} " for t in ids)
+
+
+def test_a_stop_string_inside_an_accepted_draft(llama):
+    _, model = llama
+    prompt = random_prompts([8], seed=8)[0]
+    free = LLM(model, block_size=4).generate([prompt], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    tokens = free[0].outputs[0].token_ids
+    # Completed by output token 4; the first output token is sampled by the prefill, the next 8 by a verify step.
+    stop = f"{tokens[3]} w{tokens[4]}"
+    text = WordTokenizer().decode(tokens)
+    cut = text.index(stop)
+    end = next(i for i in range(len(tokens)) if stop in WordTokenizer().decode(tokens[: i + 1]))
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, stop=stop)
+    plain = LLM(model, tokenizer=WordTokenizer(), block_size=4).generate([prompt], params)[0].outputs[0]
+    drafter = PartlyWrongDrafter.from_outputs([prompt], free, V, wrong_every=0)
+    llm = speculative_llm(model, drafter, num_speculative_tokens=8, tokenizer=WordTokenizer(), block_size=4)
+    out = llm.generate([prompt], params)[0].outputs[0]
+    for got in (plain, out):
+        assert got.token_ids == tokens[: end + 1] and got.finish_reason == "stop"
+        assert got.text == text[:cut]
+    assert drafter.drafts[0][1] <= end < drafter.drafts[0][1] + len(drafter.drafts[0][2])
+
+
+def test_max_tokens_reached_mid_draft(llama):
+    _, model = llama
+    prompts = random_prompts([6, 11], seed=9)
+    params = SamplingParams(n=2, temperature=1.0, max_tokens=5, seed=4, ignore_eos=True)
+    plain = LLM(model, block_size=4).generate(prompts, params)
+    drafter = PartlyWrongDrafter.from_outputs(prompts, plain, V, wrong_every=0)
+    llm = speculative_llm(model, drafter, num_speculative_tokens=8, block_size=4)
+    out = llm.generate(prompts, params)
+    assert samples(out) == samples(plain) and all(len(t) == 5 for t in samples(out))
+    # Eight draft tokens wanted, three fit before max_tokens (the fourth token is the verify step's own).
+    assert all(len(d) == 3 for _, _, d in drafter.drafts) and llm.stats.num_verify_steps == 1

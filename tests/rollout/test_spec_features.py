@@ -1,0 +1,109 @@
+"""Speculative decoding beside the engine's other features: verify steps between async multi-step launches and
+cascade decode, the synchronous engine, abort / continue, weight updates and KV release (the history of earlier
+responses survives them), the suffix drafter and the `auto` rule, and the `rollout/spec/*` metrics."""
+
+import pytest
+import torch
+from rollout_helpers import TINY, make_pair, random_prompts
+from spec_helpers import PartlyWrongDrafter, speculative_llm
+
+from nonstop.rollout import LLM, LLMEngine, SamplingParams
+from nonstop.rollout.engine_args import EngineArgs
+
+V = TINY["vocab_size"]
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return make_pair("llama", seed=3)[1]
+
+
+def samples(outputs) -> list[list[int]]:
+    return [c.token_ids for o in outputs for c in o.outputs]
+
+
+class EveryOtherStep(PartlyWrongDrafter):
+    """Drafts in every other step only, so verify steps and plain (multi-step) launches alternate."""
+
+    calls = 0
+
+    def propose(self, seqs, groups, num_tokens):
+        self.calls += 1
+        drafts = super().propose(seqs, groups, num_tokens)
+        return drafts if self.calls % 2 else [[] for _ in drafts]
+
+
+@pytest.mark.parametrize(
+    "engine_kwargs",
+    [dict(num_scheduler_steps=4, cascade_attention=True), dict(async_scheduling=False)],
+    ids=["async-multistep-cascade", "sync"],
+)
+def test_verify_steps_between_plain_launches(llama, engine_kwargs):
+    prompts = random_prompts([13, 7, 21], seed=4)
+    params = SamplingParams(n=3, temperature=1.0, top_p=0.9, max_tokens=14, seed=2, ignore_eos=True)
+    plain = LLM(llama, block_size=4, **engine_kwargs).generate(prompts, params)
+    drafter = EveryOtherStep.from_outputs(prompts, plain, V)
+    llm = speculative_llm(llama, drafter, block_size=4, **engine_kwargs)
+    assert samples(llm.generate(prompts, params)) == samples(plain)
+    stats = llm.stats
+    assert stats.num_verify_steps > 0 and stats.num_spec_range_steps > stats.num_verify_steps
+    m = llm.metrics
+    assert m["rollout/spec/num_verify_steps"] == stats.num_verify_steps
+    assert m["rollout/spec/acceptance_rate"] == pytest.approx(stats.num_accepted_tokens / stats.num_draft_tokens)
+    assert m["rollout/spec/tokens_per_verify"] == pytest.approx(stats.num_verify_tokens / stats.num_verify_seqs)
+    assert 0 < m["rollout/spec/verify_step_frac"] < 1
+
+
+def test_abort_then_continue_with_speculation(llama):
+    prompts = random_prompts([7, 15], seed=2)
+    params = SamplingParams(temperature=1.0, max_tokens=12, seed=9, ignore_eos=True)
+    full = LLM(llama, block_size=4).generate(prompts, params)
+    drafter = PartlyWrongDrafter.from_outputs(prompts, full, V)
+    spec = {"method": "suffix", "draft_rule": "always"}
+    engine = LLMEngine(llama, EngineArgs(block_size=4, speculative_config=spec))
+    engine.speculator.drafter = drafter
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, params)
+    for _ in range(3):
+        engine.step()
+    partial = engine.abort_request(["0", "1"])
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    assert all(0 < len(o.outputs[0].token_ids) < 12 for o in partial) and engine.stats.num_verify_steps > 0
+    for out in partial:
+        engine.add_request(out.request_id, out.prompt_token_ids, params, output_token_ids=out.outputs[0].token_ids,
+                           output_logprobs=out.outputs[0].logprobs)  # fmt: skip
+    resumed = {}
+    while engine.has_unfinished_requests():
+        resumed.update({o.request_id: o for o in engine.step()})
+    for i, out in enumerate(full):
+        got = resumed[str(i)].outputs[0]
+        assert got.token_ids == out.outputs[0].token_ids
+        torch.testing.assert_close(got.logprobs, out.outputs[0].logprobs, atol=1e-4, rtol=0)
+
+
+def test_earlier_responses_draft_after_weight_updates_and_a_kv_release(llama):
+    """The suffix drafter in the engine: a prompt's second run drafts its greedy continuation from the first run's
+    responses (kept across the weight update and the KV release), so nearly every draft token is accepted."""
+    prompts = random_prompts([9, 12], seed=6)
+    params = SamplingParams(n=2, temperature=0.0, max_tokens=16, ignore_eos=True)
+    llm = speculative_llm(llama, None, num_speculative_tokens=6, block_size=4)
+    first = llm.generate(prompts, params)
+    llm.update_weights(llama.named_parameters())  # the same weights: the same greedy continuations
+    llm.release()
+    llm.resume()
+    second = llm.generate(prompts, params)
+    assert samples(second) == samples(first) == samples(LLM(llama, block_size=4).generate(prompts, params))
+    stats = llm.stats
+    assert stats.num_accepted_tokens >= 0.9 * stats.num_draft_tokens > 0
+    assert llm.metrics["rollout/spec/tokens_per_verify"] > 3
+
+
+def test_auto_rule_keeps_outputs_and_reports_its_steps(llama):
+    prompts = random_prompts([5, 17, 9], seed=8)
+    params = SamplingParams(n=4, temperature=0.0, max_tokens=24, ignore_eos=True)
+    plain = LLM(llama, block_size=4).generate(prompts, params)
+    llm = LLM(llama, block_size=4, speculative_config={"method": "suffix"})
+    assert samples(llm.generate(prompts, params)) == samples(plain)
+    m = llm.metrics
+    assert m["rollout/spec/num_verify_steps"] + m["rollout/spec/num_plain_steps"] > 0
+    assert "rollout/spec/acceptance_rate" in m and m["rollout/small_batch_frac"] > 0

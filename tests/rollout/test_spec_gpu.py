@@ -1,0 +1,83 @@
+"""Speculative decoding's CUDA paths: verify launches under CUDA graphs (the Triton verify kernel, rows and draft
+lengths bucketed) against eager, fp32 greedy against transformers, bf16 log-probs within the plain engine's bound.
+Run on the GPU machine: `pytest -m gpu tests/rollout/test_spec_gpu.py`."""
+
+import pytest
+import torch
+from rollout_helpers import hf_greedy, random_prompts
+from spec_helpers import PartlyWrongDrafter, speculative_llm
+from test_engine_gpu import LENGTHS, MEDIUM, assert_bf16_logprobs_match_a_full_forward, cuda_model
+
+from nonstop.rollout import LLM, SamplingParams
+
+V = MEDIUM["vocab_size"]
+
+
+def verify_graphs(llm: LLM) -> list:
+    return [shape for shape in llm.llm_engine.model_runner.graphs.graphs if shape.num_query > 1]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])
+def test_fp32_speculative_greedy_matches_transformers(model_type):
+    reference, model = cuda_model(model_type, dtype=torch.float32)
+    prompts = random_prompts(LENGTHS, vocab=V)
+    params = SamplingParams(n=2, temperature=0.0, max_tokens=24, ignore_eos=True)
+    plain = LLM(model, num_kv_blocks=256, max_num_seqs=40).generate(prompts, params)
+    llm = speculative_llm(model, PartlyWrongDrafter.from_outputs(prompts, plain, V), num_speculative_tokens=6,
+                          num_kv_blocks=256, max_num_seqs=40)  # fmt: skip
+    spec = llm.generate(prompts, params)
+    assert verify_graphs(llm) and llm.stats.num_verify_steps > 0
+    assert [c.token_ids for o in spec for c in o.outputs] == [c.token_ids for o in plain for c in o.outputs]
+    assert [o.outputs[0].token_ids for o in spec] == [hf_greedy(reference.float(), p, 24) for p in prompts]
+
+
+@pytest.mark.gpu
+def test_verify_under_cuda_graphs_equals_eager():
+    # fp32: a graph's bucketed rows and draft slots change the kernels' tiling, which bf16 would round differently.
+    _, model = cuda_model(dtype=torch.float32)
+    prompts = random_prompts(LENGTHS, vocab=V)
+    params = [SamplingParams(n=2, temperature=0.9, top_k=40 if i % 2 else -1, max_tokens=20, min_tokens=4,
+                             stop_token_ids=[7], seed=i) for i in range(len(prompts))]  # fmt: skip
+    plain = LLM(model, num_kv_blocks=256, max_num_seqs=40).generate(prompts, params)
+    runs = []
+    for eager in (True, False):
+        drafter = PartlyWrongDrafter.from_outputs(prompts, plain, V)
+        llm = speculative_llm(model, drafter, num_kv_blocks=256, max_num_seqs=40, enforce_eager=eager)
+        runs.append(llm.generate(prompts, params))
+        assert llm.stats.num_verify_steps > 0 and llm.stats.num_accepted_tokens > 0
+    assert verify_graphs(llm)
+    for e, g in zip(*runs, strict=True):
+        for ce, cg in zip(e.outputs, g.outputs, strict=True):
+            assert cg.token_ids == ce.token_ids and cg.finish_reason == ce.finish_reason
+            assert cg.logprobs == pytest.approx(ce.logprobs, abs=1e-4)
+
+
+@pytest.mark.gpu
+def test_bf16_speculative_logprobs_match_a_full_forward():
+    """The plain engine's bound (test_engine_gpu.py): mean abs difference from a bf16 full forward within 2e-2, and
+    against fp32 no worse than twice the bf16 forward's own error."""
+    reference, model = cuda_model()
+    prompts = random_prompts(LENGTHS, vocab=V)[:4]
+    params = SamplingParams(n=4, temperature=1.0, top_p=0.95, max_tokens=32, seed=3)
+    plain = LLM(model, num_kv_blocks=256, max_num_seqs=40).generate(prompts, params)
+    llm = speculative_llm(model, PartlyWrongDrafter.from_outputs(prompts, plain, V), num_kv_blocks=256,
+                          max_num_seqs=40)  # fmt: skip
+    outputs = llm.generate(prompts, params)
+    assert llm.stats.num_verify_steps > 0 and verify_graphs(llm)
+    assert_bf16_logprobs_match_a_full_forward(model, reference, prompts, outputs)
+
+
+@pytest.mark.gpu
+def test_the_suffix_drafter_under_graphs_with_multi_step_and_history():
+    """The default CUDA engine (multi-step 8, graphs) with the suffix drafter: a prompt's second run drafts from the
+    first's responses; greedy fp32 outputs stay plain decoding's."""
+    _, model = cuda_model(dtype=torch.float32)
+    prompts = random_prompts([40, 90, 17], vocab=V, seed=4)
+    params = SamplingParams(n=4, temperature=0.0, max_tokens=48, ignore_eos=True)
+    plain = LLM(model, num_kv_blocks=256, max_num_seqs=40).generate(prompts, params)
+    llm = speculative_llm(model, None, num_speculative_tokens=8, num_kv_blocks=256, max_num_seqs=40)
+    for _ in range(2):
+        out = llm.generate(prompts, params)
+        assert [c.token_ids for o in out for c in o.outputs] == [c.token_ids for o in plain for c in o.outputs]
+    assert llm.stats.num_accepted_tokens >= 0.9 * llm.stats.num_draft_tokens > 0
