@@ -104,6 +104,7 @@ def export_model(actor_dir: Path, out: Path, dtype, tokenizer, base: str | None)
     from nonstop.dist.checkpoint import SHARDED_DIR
     from nonstop.models.gguf_loader import load_gguf_model
     from nonstop.models.hf_loader import load_hf_model
+    from nonstop.models.hub import resolve_model_path
     from nonstop.models.loading import default_model_path
     from nonstop.models.lora import merge_lora
     from nonstop.models.peft_format import ADAPTER_CONFIG_FILE, is_adapter_dir, load_adapter
@@ -114,7 +115,7 @@ def export_model(actor_dir: Path, out: Path, dtype, tokenizer, base: str | None)
     if not is_adapter_dir(actor_dir):
         return save_hf(load_hf_model(actor_dir, dtype=dtype), out, tokenizer=tokenizer)
     base = base or json.loads((actor_dir / ADAPTER_CONFIG_FILE).read_text()).get("base_model_name_or_path")
-    path = Path(base) if base else default_model_path()  # null: the run trained the embedded default model
+    path = resolve_model_path(base) if base else default_model_path()  # null: the run trained the embedded model
     # Merged in fp32, cast once when saving.
     model = load_gguf_model(path, torch.float32) if path.suffix == ".gguf" else load_hf_model(path, torch.float32)
     merge_lora(load_adapter(model, actor_dir))
