@@ -16,7 +16,6 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from nonstop.models.attention import AttentionBackend
@@ -24,6 +23,7 @@ from nonstop.models.config import ModelConfig
 from nonstop.models.hf_loader import SAFETENSORS_FILE, iter_safetensors, read_hf_config, safetensors_files
 from nonstop.models.hub import resolve_model_path
 from nonstop.models.loading import load_model
+from nonstop.models.save import save_safetensors
 from nonstop.models.transformer import CausalLM, DecoderModel
 
 
@@ -89,5 +89,5 @@ def save_critic_model(critic: CriticModel, out_dir: str | Path) -> Path:
     hf_config["num_labels"] = 1
     (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
     tensors = {name: p.detach().cpu().contiguous() for name, p in critic.named_parameters()}
-    save_file(tensors, out_dir / SAFETENSORS_FILE, metadata={"format": "pt"})
+    save_safetensors(tensors, out_dir / SAFETENSORS_FILE, metadata={"format": "pt"})
     return out_dir
