@@ -56,6 +56,14 @@ def run(args: argparse.Namespace) -> int:
     return record(train)(config)
 
 
+def run_summary(run_dir, written: int) -> str:
+    """What the run directory holds: the steps in its metrics.jsonl, and how many this call wrote when it resumed."""
+    from nonstop.trainer.metrics import count_rows
+
+    rows = count_rows(run_dir)
+    return f"{rows} metric lines" if rows == written else f"{rows} metric lines, {written} written by this run"
+
+
 def train(config) -> int:
     from nonstop.dist import current, destroy_process_group
     from nonstop.trainer import build_trainer
@@ -67,7 +75,7 @@ def train(config) -> int:
         finally:
             trainer.close()
         if current().rank == 0:
-            print(f"run directory: {trainer.run_dir} ({len(history)} metric lines)")
+            print(f"run directory: {trainer.run_dir} ({run_summary(trainer.run_dir, len(history))})")
     finally:
         destroy_process_group()
     return 0
