@@ -22,7 +22,7 @@ from .scoring import RewardResult
 class AllFailedGuard:
     limit: int  # 0 = never stop
     scorer: str  # how messages name the function (`RewardPool.scorer`)
-    streak: int = 0  # steps in a row in which every reward failed; kept in checkpoints like the NaN streak
+    streak: int = 0  # steps in a row in which every reward failed: state a checkpoint must carry, as the NaN streak
 
     def check(self, step: int, results: Iterable[RewardResult]) -> None:
         results = list(results)
