@@ -48,3 +48,48 @@ def test_generate_input_rows_are_validated_with_file_and_line(tmp_path):
 def test_generate_missing_input_file_is_one_line_error(capsys, tmp_path):
     assert main(["generate", "--input", str(tmp_path / "absent.jsonl")]) == 2
     assert "absent.jsonl: no such file" in capsys.readouterr().err
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.startswith("nonstop 0.1.0 (torch ")
+
+
+def test_flag_spelled_overrides_mean_the_same_as_key_value(capsys):
+    assert main(["config", "show", "data.train_batch_size=512", "trainer.test_freq=3"]) == 0
+    plain = capsys.readouterr().out
+    assert main(["config", "show", "--data.train_batch_size=512", "--trainer.test_freq", "3"]) == 0
+    assert capsys.readouterr().out == plain
+
+
+def test_an_override_typed_as_an_option_gets_a_hint(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--learning_rate", "1e-5"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --learning_rate" in err and "overrides are key=value without dashes" in err
+
+
+def test_config_show_prints_a_note_per_dropped_verl_key(capsys):
+    items = ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=async"]
+    assert main(["config", "show", *items]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "note: actor_rollout_ref.rollout.name='vllm' is not used by nonstop: nonstop always generates with its own "
+        "engine, which takes vLLM's option names",
+        "note: actor_rollout_ref.rollout.mode='async' is not used by nonstop: nonstop's engine runs inside the "
+        "trainer; to overlap generation with training set trainer.mode=one_step_off or trainer.mode=async",
+    ]
+
+
+def test_hydra_delete_is_an_override_not_a_file(capsys):
+    assert main(["config", "show", "~trainer.logger", "trainer.test_freq=3"]) == 0
+    assert "test_freq: 3" in capsys.readouterr().out
+
+
+def test_a_key_without_a_value_is_not_read_as_a_file(capsys):
+    assert main(["config", "show", "trainer.val_before_train"]) == 2
+    err = capsys.readouterr().err
+    assert "'trainer.val_before_train' is a config key, not a file: write trainer.val_before_train=VALUE" in err

@@ -19,7 +19,13 @@ YAMLS = sorted(EXAMPLES.glob("*.yaml"))
 
 def test_examples_exist():
     names = {p.name for p in YAMLS}
-    assert {"arith_smollm2.yaml", "dapo_smollm2.yaml", "gsm8k_smollm2.yaml", "qwen2_5_0_5b_throughput.yaml"} <= names
+    assert {
+        "arith_smollm2.yaml",
+        "dapo_smollm2.yaml",
+        "gsm8k_smollm2.yaml",
+        "gsm8k_smollm2_cpu.yaml",
+        "qwen2_5_0_5b_throughput.yaml",
+    } <= names
 
 
 @pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.name)
@@ -40,6 +46,16 @@ def test_gsm8k_example_reads_what_nonstop_data_gsm8k_writes():
     assert cfg.trainer.test_freq > 0
     # The longest GSM8K prompt is 268 tokens under SmolLM2's chat template.
     assert cfg.data.max_prompt_length >= 268
+
+
+def test_cpu_gsm8k_example_is_sized_for_a_cpu():
+    """Not verl's defaults (PPO with a critic, 1,024 prompts a step, 1,319 validation prompts first)."""
+    cfg = load_config(str(EXAMPLES / "gsm8k_smollm2_cpu.yaml"))
+    assert cfg.algorithm.adv_estimator == "grpo" and not cfg.critic.enable
+    assert cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n <= 16
+    assert 0 < cfg.data.val_max_samples <= 8 and not cfg.trainer.val_before_train
+    assert cfg.trainer.total_training_steps <= 5 and cfg.data.max_response_length <= 96
+    assert cfg.data.train_files == "data/gsm8k/train.parquet"
 
 
 def test_throughput_example_is_the_benchmark_workload():

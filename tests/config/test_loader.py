@@ -114,9 +114,25 @@ def test_yaml_unknown_key_names_the_file(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_config(str(path))
     assert str(e.value) == (
-        f"unknown key 'actor_rollout_ref.rollout.gpu_mem_utilization' (in {path}); "
+        f"unknown key 'actor_rollout_ref.rollout.gpu_mem_utilization' (in {path}, line 3); "
         "did you mean 'actor_rollout_ref.rollout.gpu_memory_utilization'?"
     )
+
+
+def test_yaml_type_and_value_errors_name_the_file_and_line(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("data:\n  max_prompt_length: 64\n  train_batch_size: eight\ntrainer.test_freq: 2\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(str(path))
+    assert str(e.value) == f"data.train_batch_size='eight': expected int [in {path}, line 3]"
+    path.write_text("trainer:\n  logger: console\nactor_rollout_ref.rollout.n: 0\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(str(path))
+    assert str(e.value) == f"actor_rollout_ref.rollout.n=0: must be >= 1 [in {path}, line 3]"
+    # The command line wins, and then the error names it instead of the file.
+    with pytest.raises(ConfigError) as e:
+        load_config(str(path), ["actor_rollout_ref.rollout.n=-1"])
+    assert str(e.value) == "actor_rollout_ref.rollout.n=-1: must be >= 1 [on the command line]"
 
 
 def test_yaml_unsupported_section(tmp_path):

@@ -54,6 +54,11 @@ def test_overlong_prompt_with_truncation_error_names_the_prompt(byte_tokenizer):
         PromptDataset(rows, byte_tokenizer, max_prompt_length=30)
 
 
+def test_no_rows_says_the_data_set_is_empty_not_that_prompts_are_long(byte_tokenizer):
+    with pytest.raises(ValueError, match="^no prompts: the data set is empty$"):
+        PromptDataset([], byte_tokenizer, max_prompt_length=30, filter_overlong_prompts=True)
+
+
 @pytest.mark.parametrize("side", ["left", "right", "middle"])
 def test_truncation_cuts_like_verl(byte_tokenizer, side):
     rows = rows_of_lengths([3, 40])

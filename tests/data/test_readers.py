@@ -202,6 +202,34 @@ def test_unsupported_and_missing_paths(tmp_path):
         read_rows(tmp_path / "fake.parquet")
 
 
+def test_bytes_that_are_not_utf8_name_file_line_and_column(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    good = json.dumps(VERL_ROWS[0]).encode()
+    path.write_bytes(good + b"\n" + b'{"prompt": "caf\xe9 au lait?"}\n')
+    with pytest.raises(RowError) as e:
+        read_jsonl(path)
+    assert str(e.value).startswith(f"{path} line 2: byte 0xe9 at column 16 is not UTF-8")
+    array = tmp_path / "rows.json"
+    array.write_bytes(b'[\n{"prompt": "ok"},\n{"prompt": "\xff"}\n]')
+    with pytest.raises(RowError, match=rf"^{array} line 3: byte 0xff at column 13 is not UTF-8"):
+        read_jsonl(array)
+
+
+@pytest.mark.parametrize("name", ["empty.jsonl", "blank.jsonl", "empty.parquet"])
+def test_a_file_without_rows_says_it_is_empty(tmp_path, name):
+    path = tmp_path / name
+    if name == "empty.parquet":
+        pq.write_table(pa.table({"prompt": pa.array([], pa.string())}), path)
+    else:
+        path.write_text("" if name == "empty.jsonl" else "\n  \n")
+    with pytest.raises(ValueError, match=rf"^{path}: the file holds no rows \(it is empty\)"):
+        read_rows(path)
+    # In a list, the empty file is named, not the list.
+    other = write_jsonl(tmp_path / "other.jsonl", VERL_ROWS)
+    with pytest.raises(ValueError, match=rf"^{path}: the file holds no rows"):
+        read_rows([other, path])
+
+
 def test_hub_without_datasets_package_is_a_clear_error(monkeypatch):
     import sys
 

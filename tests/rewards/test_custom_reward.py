@@ -82,3 +82,72 @@ def test_reward_kwargs_the_function_does_not_take_fail_at_load(tmp_path):
     path.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n")
     with pytest.raises(ValueError, match="reward_kwargs by keyword"):
         load_custom_reward_fn(str(path), "compute_score", {"scale": 0.5})
+
+
+def test_a_syntax_error_is_one_line_naming_file_and_line(tmp_path):
+    path = write(tmp_path, "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n  return (\n")
+    with pytest.raises(ValueError) as e:
+        load_custom_reward_fn(path, "compute_score")
+    assert str(e.value).startswith(f"custom_reward_function.path={path!r}: syntax error at {path}:2:")
+    assert "\n" not in str(e.value)
+
+
+def test_the_trainer_process_never_runs_the_file(tmp_path):
+    """Module-level code runs where scoring runs (a worker), not where the function is checked and configured."""
+    import os
+
+    from nonstop.rewards import RewardPool
+
+    log = tmp_path / "pids.txt"
+    path = write(
+        tmp_path,
+        f"import os\nopen({str(log)!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n",
+    )
+    fn = load_custom_reward_fn(path, "compute_score")
+    with RewardPool(fn, num_workers=1, timeout_s=30.0) as pool:
+        pool.submit(0, "user/task", "x", "x")
+        assert pool.collect([0])[0].score == 1.0
+    pids = log.read_text().split()
+    assert pids and str(os.getpid()) not in pids
+
+
+def test_a_file_that_raises_when_run_stops_the_run_with_its_line(tmp_path):
+    from nonstop.rewards import RewardPool, RewardSetupError
+
+    path = write(
+        tmp_path,
+        "import os\nTABLE = os.environ['NO_SUCH_VARIABLE']\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n",
+    )
+    fn = load_custom_reward_fn(path, "compute_score")  # parsed only: nothing raised yet
+    with pytest.raises(RewardSetupError, match=r"running the file failed \(line 2\): KeyError: 'NO_SUCH_VARIABLE'"):
+        fn(data_source="", solution_str="", ground_truth="")
+    with RewardPool(fn, num_workers=1, timeout_s=30.0) as pool:
+        pool.submit(0, "user/task", "x", "x")
+        with pytest.raises(RewardSetupError, match=r"could not load the scoring function: .*line 2.*KeyError"):
+            pool.collect([0])
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("def compute_score(*, data_source, solution_str, ground_truth, extra_info, **kw):\n    return 1\n", None),
+        ("def compute_score(**kwargs):\n    return 1\n", None),
+        ("def compute_score(x=0, /, data_source='', solution_str='', ground_truth='', extra_info=None): pass", None),
+        ("def compute_score(a, /, data_source, solution_str, ground_truth, extra_info=None):\n  return 1\n", "'a'"),
+        ("def compute_score(data_source, solution_str, ground_truth, extra_info, *, flag):\n    return 1\n", "'flag'"),
+        ("def compute_score(data_source, solution_str):\n    return 1\n", "'ground_truth'"),
+        ("if True:\n    def compute_score(**kw):\n        return 1\n", None),
+        ("from math import *\n", None),
+        ("from math import sqrt as compute_score\n", None),
+        ("compute_score = [1, 2]\n", "is a list, not callable"),
+    ],
+)
+def test_signature_checked_from_the_source(tmp_path, source, message):
+    path = write(tmp_path, source)
+    if message is None:
+        load_custom_reward_fn(path, "compute_score")
+    else:
+        with pytest.raises(ValueError, match=message):
+            load_custom_reward_fn(path, "compute_score")

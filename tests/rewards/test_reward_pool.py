@@ -27,6 +27,12 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
     if extra_info and "delay" in extra_info:
         time.sleep(extra_info["delay"])
         return {"score": 1.0, "finished_at": time.time(), "id": extra_info["id"]}
+    if extra_info and "mark" in extra_info:
+        while extra_info["wait_for"] and not os.path.exists(extra_info["wait_for"]):
+            time.sleep(0.01)
+        finished_at = time.time()
+        open(extra_info["mark"], "w").close()
+        return {"score": 1.0, "finished_at": finished_at, "id": extra_info["id"]}
     return float(solution_str == ground_truth)
 """
 
@@ -56,11 +62,11 @@ def test_raising_and_hanging_functions_do_not_stop_the_batch(user_fn, failures):
         metrics = pool.pop_metrics()
         assert metrics["reward/errors"] == 2 and metrics["reward/timeouts"] == 1 and metrics["reward/num_scored"] == 6
 
-        # The hung worker was killed and replaced: the pool still has two workers and keeps scoring.
+        # The hung worker was killed and replaced: the pool still has two workers and a spare, and keeps scoring.
         for i in range(10, 20):
             pool.submit(i, "user/task", "7", "7")
         assert all(r.score == 1.0 for r in pool.collect(range(10, 20)).values())
-        assert len(pool._workers) == 2 and all(w.process.is_alive() for w in pool._workers)
+        assert len(pool._workers) == 3 and all(w.process.is_alive() for w in pool._workers)
 
     # One log line per distinct failure, with the sample; the second identical error is only counted.
     records = [r.getMessage() for r in failures.records]
@@ -84,15 +90,18 @@ def test_bad_return_values_and_a_dying_worker_are_errors(user_fn, failures):
     assert results[3].score == 1.0
 
 
-def test_results_are_keyed_by_id_whatever_the_completion_order(user_fn):
-    delays = {"a": 0.6, "b": 0.4, "c": 0.2, "d": 0.0}  # submitted first, finishes last
-    with RewardPool(user_fn, num_workers=4, timeout_s=5.0) as pool:
-        for sample_id, delay in delays.items():
-            pool.submit(sample_id, "user/task", "x", "x", {"delay": delay, "id": sample_id})
+def test_results_are_keyed_by_id_whatever_the_completion_order(user_fn, tmp_path):
+    """Each sample waits for the next one's marker file, so they finish in the reverse of the submission order
+    however the workers start: d, c, b, a."""
+    order = ["a", "b", "c", "d"]
+    with RewardPool(user_fn, num_workers=4, timeout_s=60.0) as pool:
+        for i, sample_id in enumerate(order):
+            after = str(tmp_path / order[i + 1]) if i + 1 < len(order) else None
+            info = {"wait_for": after, "mark": str(tmp_path / sample_id), "id": sample_id}
+            pool.submit(sample_id, "user/task", "x", "x", info)
         results = pool.collect(["d", "a", "c", "b"])
-    assert {k: r.extra["id"] for k, r in results.items()} == {k: k for k in delays}
-    finished = sorted(delays, key=lambda k: results[k].extra["finished_at"])
-    assert finished != list(delays) and finished[-1] == "a"
+    assert {k: r.extra["id"] for k, r in results.items()} == {k: k for k in order}
+    assert sorted(order, key=lambda k: results[k].extra["finished_at"]) == ["d", "c", "b", "a"]
 
 
 def test_default_scorer_in_workers_and_setup_errors_stop_the_run():
@@ -167,7 +176,9 @@ def test_a_batch_behind_a_hanging_sample_is_scored_not_timed_out(user_fn):
         responses = ["hang", "7", "8", "7", "7"]  # batches of ceil(5 / 4) = 2: "7" waits behind the hang
         with pool._cond:  # submit all before the dispatcher wakes: they leave in one message
             for i, response in enumerate(responses):
-                pool._pending.append(_Task(i, ("user/task", response, "7", None)))
+                task = _Task(i, ("user/task", response, "7", None), seq=100 + i)
+                pool._pending.append(task)
+                pool._unfinished[task.seq] = task
                 pool._open_ids.add(i)
         pool._wake_w.send_bytes(b"")
         results = pool.collect(range(5))
@@ -205,3 +216,67 @@ def test_submit_many_rejects_a_repeated_id_and_submits_none_of_the_batch():
     with pytest.raises(KeyError, match="never submitted"):
         pool.collect([1])  # the refused batch left nothing behind
     assert pool.collect([0])[0].score == 1.0
+
+
+def wait_until_ready(pool: RewardPool) -> None:
+    """Every worker process started, the spare included (start-up time differs with the machine's load)."""
+    for _ in range(6000):
+        with pool._cond:
+            if all(w.ready for w in pool._workers):
+                return
+        time.sleep(0.01)
+    raise AssertionError("reward workers did not start")
+
+
+def test_a_hung_sample_does_not_hold_up_the_others(user_fn):
+    """One worker, hung on its first sample: once that sample is a suspect, the warm spare scores the rest while it
+    still hangs — they do not wait for its timeout (and the restart after it)."""
+    with RewardPool(user_fn, num_workers=1, timeout_s=8.0) as pool:
+        wait_until_ready(pool)
+        pool.submit("hung", "user/task", "hang", "7")
+        pool.submit_many([(i, "user/task", "7", "7", None) for i in range(3)])
+        quick = pool.collect(range(3))
+        with pool._cond:
+            still_hanging = "hung" not in pool._results
+        hung = pool.collect(["hung"])["hung"]
+    assert still_hanging
+    assert [r.status for r in quick.values()] == ["ok"] * 3 and hung.status == "timeout"
+
+
+def test_the_pool_keeps_a_warm_spare_that_takes_no_work(user_fn):
+    with RewardPool(user_fn, num_workers=2, timeout_s=5.0) as pool:
+        wait_until_ready(pool)
+        assert len(pool._workers) == 3
+        pool.submit_many([(i, "user/task", "x", "x", {"delay": 0.2, "id": i}) for i in range(6)])
+        with pool._cond:
+            busy = sum(bool(w.tasks) for w in pool._workers)
+        pool.collect(range(6))
+    assert busy <= 2
+
+
+def test_scorer_names_the_function(user_fn):
+    assert RewardPool(user_fn, num_workers=0).scorer == f"{user_fn.path}:compute_score"
+    assert RewardPool(num_workers=0).scorer == "the built-in scorers by data_source"
+
+
+def test_default_workers_follow_the_cores_this_process_may_use(monkeypatch):
+    from nonstop.config import load_config
+    from nonstop.config.reward import MAX_AUTO_REWARD_WORKERS, default_reward_workers
+
+    for name in ("LOCAL_WORLD_SIZE", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)))
+    assert default_reward_workers(64) == 15  # one core left to the trainer
+    assert default_reward_workers(4) == 4  # no more workers than samples
+    assert default_reward_workers() == 15
+    sizes = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.n="]
+    assert load_config(None, [*sizes[:2], f"{sizes[2]}8"]).reward_model.num_workers == 15  # config.yaml shows it
+    assert load_config(None, [*sizes[:2], f"{sizes[2]}1"]).reward_model.num_workers == 8  # 8 samples a step
+    assert load_config(None, ["reward_model.num_workers=3"]).reward_model.num_workers == 3
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # eight ranks on the node share its cores
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    assert default_reward_workers(64) == 1  # 16 // 8 - 1, and 8 samples per rank
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(512)))
+    assert default_reward_workers(4096) == MAX_AUTO_REWARD_WORKERS
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0})
+    assert default_reward_workers(64) == 1

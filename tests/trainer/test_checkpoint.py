@@ -59,7 +59,7 @@ def test_resume_reproduces_uninterrupted_metrics(trainer_factory, tmp_path, monk
 
 def test_crash_during_save_keeps_previous_checkpoint(trainer_factory, tmp_path, monkeypatch):
     trainer = trainer_factory(("trainer.total_training_steps=4", "trainer.save_freq=2"), run_dir=tmp_path / "r")
-    real_save_file = ckpt_mod.save_file
+    real_save_file = ckpt_mod.save_safetensors
     calls = {"n": 0}
 
     def failing_save_file(tensors, path, *args, **kwargs):
@@ -68,7 +68,7 @@ def test_crash_during_save_keeps_previous_checkpoint(trainer_factory, tmp_path, 
             raise OSError("disk full")
         return real_save_file(tensors, path, *args, **kwargs)
 
-    monkeypatch.setattr(ckpt_mod, "save_file", failing_save_file)
+    monkeypatch.setattr(ckpt_mod, "save_safetensors", failing_save_file)
     with pytest.raises(OSError, match="disk full"):
         trainer.fit()
     root = tmp_path / "r/checkpoints"

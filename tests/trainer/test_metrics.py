@@ -55,3 +55,13 @@ def test_data_metrics_by_hand():
     }
     empty = metrics.data_metrics(batch, torch.tensor([1.0, 0.0]), advantages, torch.zeros(2, 3))
     assert [empty[f"critic/advantages/{k}"] for k in ("mean", "max", "min")] == [0.0, 0.0, 0.0]
+
+
+def test_the_run_end_line_counts_the_files_rows_not_this_runs(tmp_path):
+    from nonstop.cli.train_cmd import run_summary
+
+    assert run_summary(tmp_path, 0) == "0 metric lines"  # no metrics.jsonl yet
+    (tmp_path / "metrics.jsonl").write_text("".join(f'{{"step": {i}}}\n' for i in range(1, 5)))
+    assert metrics.count_rows(tmp_path) == 4
+    assert run_summary(tmp_path, 4) == "4 metric lines"
+    assert run_summary(tmp_path, 1) == "4 metric lines, 1 written by this run"  # resumed after step 3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def register(subparsers) -> None:
@@ -23,15 +24,24 @@ def register(subparsers) -> None:
 
 
 def split_config_args(items: list[str]) -> tuple[str | None, list[str]]:
-    """The first item is a YAML path when it has no `=`; everything else is an override."""
-    if items and "=" not in items[0]:
+    """The first item is a YAML path when it has no `=` and is not Hydra's `~key`; everything else is an override."""
+    if items and "=" not in items[0] and not items[0].startswith("~"):
         return items[0], items[1:]
     return None, list(items)
+
+
+def print_dropped(dropped) -> None:
+    """One line per verl key accepted without effect, saying what nonstop does instead."""
+    for note in dropped:
+        print(note, file=sys.stderr)
 
 
 def run_show(args: argparse.Namespace) -> int:
     from nonstop.config import config_to_yaml, load_config
 
     path, overrides = split_config_args(args.items)
-    print(config_to_yaml(load_config(path, overrides)), end="")
+    dropped = []
+    config = load_config(path, overrides, dropped)
+    print_dropped(dropped)
+    print(config_to_yaml(config), end="")
     return 0

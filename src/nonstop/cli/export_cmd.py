@@ -43,14 +43,15 @@ def register(subparsers) -> None:
 
 
 def resolve_checkpoint(path: Path) -> Path:
-    """A step directory as given, or the latest complete one under a checkpoints or run directory."""
+    """A step directory as given, or the newest usable one under a checkpoints or run directory (a newer one with a
+    truncated or corrupt file is skipped with a warning naming the file)."""
     from nonstop.models.peft_format import is_adapter_dir
-    from nonstop.trainer.checkpoint import checkpoint_root, latest_checkpoint
+    from nonstop.trainer.checkpoint import checkpoint_root, newest_usable_checkpoint
 
     if (path / "actor" / "config.json").is_file() or is_adapter_dir(path / "actor"):
         return path
     for root in (path, checkpoint_root(path)):
-        if root.is_dir() and (found := latest_checkpoint(root)) is not None:
+        if root.is_dir() and (found := newest_usable_checkpoint(root)) is not None:
             return found
     raise FileNotFoundError(f"{path}: no checkpoint (expected global_step_N/actor/ or a run directory with one)")
 
@@ -83,9 +84,10 @@ def run(args: argparse.Namespace) -> int:
 
 def export_adapter(actor_dir: Path, out: Path, dtype) -> Path:
     """The adapter directory as trained, its tensors cast to `dtype` when given; tokenizer files come along."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     from nonstop.models.peft_format import ADAPTER_WEIGHTS_FILE
+    from nonstop.models.save import save_safetensors
 
     out.mkdir(parents=True, exist_ok=True)
     for file in actor_dir.iterdir():
@@ -93,7 +95,7 @@ def export_adapter(actor_dir: Path, out: Path, dtype) -> Path:
             shutil.copy2(file, out / file.name)
     weights = load_file(actor_dir / ADAPTER_WEIGHTS_FILE)
     weights = {k: v.to(dtype) if dtype is not None else v for k, v in weights.items()}
-    save_file(weights, out / ADAPTER_WEIGHTS_FILE, metadata={"format": "pt"})
+    save_safetensors(weights, out / ADAPTER_WEIGHTS_FILE, metadata={"format": "pt"})
     return out
 
 
@@ -104,6 +106,7 @@ def export_model(actor_dir: Path, out: Path, dtype, tokenizer, base: str | None)
     from nonstop.dist.checkpoint import SHARDED_DIR
     from nonstop.models.gguf_loader import load_gguf_model
     from nonstop.models.hf_loader import load_hf_model
+    from nonstop.models.hub import resolve_model_path
     from nonstop.models.loading import default_model_path
     from nonstop.models.lora import merge_lora
     from nonstop.models.peft_format import ADAPTER_CONFIG_FILE, is_adapter_dir, load_adapter
@@ -114,7 +117,7 @@ def export_model(actor_dir: Path, out: Path, dtype, tokenizer, base: str | None)
     if not is_adapter_dir(actor_dir):
         return save_hf(load_hf_model(actor_dir, dtype=dtype), out, tokenizer=tokenizer)
     base = base or json.loads((actor_dir / ADAPTER_CONFIG_FILE).read_text()).get("base_model_name_or_path")
-    path = Path(base) if base else default_model_path()  # null: the run trained the embedded default model
+    path = resolve_model_path(base) if base else default_model_path()  # null: the run trained the embedded model
     # Merged in fp32, cast once when saving.
     model = load_gguf_model(path, torch.float32) if path.suffix == ".gguf" else load_hf_model(path, torch.float32)
     merge_lora(load_adapter(model, actor_dir))

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 
-from nonstop.cli.config_cmd import split_config_args
+from nonstop.cli.config_cmd import print_dropped, split_config_args
+
+# Set by the process that launches its own ranks, so its children do not print the config notes again.
+_NOTES_SHOWN = "NONSTOP_CONFIG_NOTES_SHOWN"
 
 
 def register(subparsers) -> None:
@@ -21,7 +25,7 @@ def register(subparsers) -> None:
     parser.set_defaults(run=run)
 
 
-def config_from_args(items: list[str]):
+def config_from_args(items: list[str], dropped: list | None = None):
     from nonstop.config import EMBEDDED_RUN_OVERRIDES, load_config
 
     path, overrides = split_config_args(items)
@@ -30,7 +34,7 @@ def config_from_args(items: list[str]):
     own_data = any(o.lstrip("+").startswith("data.train_files=") for o in overrides)
     if path is None and not own_data:
         overrides = [*EMBEDDED_RUN_OVERRIDES, *overrides]
-    return load_config(path, overrides)
+    return load_config(path, overrides, dropped)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,12 +44,24 @@ def run(args: argparse.Namespace) -> int:
     from nonstop.dist.launch import launch_local_ranks, needs_own_launch
     from nonstop.trainer.build import resolve_device
 
-    config = config_from_args(args.items)  # a ConfigError is a ValueError: the CLI prints it as one line
+    dropped = []
+    config = config_from_args(args.items, dropped)  # a ConfigError is a ValueError: the CLI prints it as one line
+    if os.environ.get("RANK", "0") == "0" and _NOTES_SHOWN not in os.environ:
+        print_dropped(dropped)
     device = resolve_device(config.trainer.device)
     if needs_own_launch(config.trainer, device.type, torch.cuda.device_count()):
+        os.environ[_NOTES_SHOWN] = "1"  # inherited by the launched ranks
         return launch_local_ranks(config.trainer.n_gpus_per_node, ["-m", "nonstop", "train", *args.items])
     # `record` writes a rank's exception where torchrun's summary of the failed run finds and prints it.
     return record(train)(config)
+
+
+def run_summary(run_dir, written: int) -> str:
+    """What the run directory holds: the steps in its metrics.jsonl, and how many this call wrote when it resumed."""
+    from nonstop.trainer.metrics import count_rows
+
+    rows = count_rows(run_dir)
+    return f"{rows} metric lines" if rows == written else f"{rows} metric lines, {written} written by this run"
 
 
 def train(config) -> int:
@@ -59,7 +75,7 @@ def train(config) -> int:
         finally:
             trainer.close()
         if current().rank == 0:
-            print(f"run directory: {trainer.run_dir} ({len(history)} metric lines)")
+            print(f"run directory: {trainer.run_dir} ({run_summary(trainer.run_dir, len(history))})")
     finally:
         destroy_process_group()
     return 0

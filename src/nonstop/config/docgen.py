@@ -70,10 +70,11 @@ def _unsupported_rows() -> list[str]:
     out = [
         "## verl keys nonstop does not implement",
         "",
-        "A rule on `a.b` covers every key under it; `*` matches any run of characters. Accepted values are dropped "
-        "with a logged note (`nonstop.config` logger, level INFO); any other value is an error that says what to do "
-        "instead. `actor_rollout_ref.rollout.name` accepts verl's engine names as aliases: nonstop always generates "
-        "with its own engine.",
+        "A rule on `a.b` covers every key under it; `*` matches any run of characters, and a leading `*` stands for "
+        "a section (`actor_rollout_ref.actor`, `critic`, ...). Accepted values are dropped with a one-line note that "
+        "`nonstop train` and `nonstop config show` print (`note: KEY=VALUE is not used by nonstop: ...`); any other "
+        "value is an error that says what to do instead. `actor_rollout_ref.rollout.name` accepts verl's engine names "
+        "as aliases: nonstop always generates with its own engine.",
         "",
         "| key | accepted values | instead |",
         "|---|---|---|",

@@ -8,39 +8,82 @@ from typing import Any
 
 import yaml
 
-from .assign import assign, parse_override
+from .assign import ConfigTree, Dropped, is_section, parse_override
 from .errors import ConfigError
 from .interpolate import resolve
 from .root import NonstopConfig
-from .tree import build, default_tree
+from .tree import build, key_index
+from .unsupported import find_rule
 
 
-def load_config(path: str | None = None, overrides: Iterable[str] = ()) -> NonstopConfig:
-    """Build the config a run uses; later sources win. Raises ConfigError on any mistake."""
-    tree = default_tree()
+def load_config(
+    path: str | None = None, overrides: Iterable[str] = (), dropped: list[Dropped] | None = None
+) -> NonstopConfig:
+    """Build the config a run uses; later sources win. Raises ConfigError on any mistake, naming where the key was
+    set (the file and line, or the command line). The verl keys accepted without effect are appended to `dropped`
+    when given (`nonstop train` prints them)."""
+    config = ConfigTree()
     if path is not None:
-        for key, value in _read_yaml(path).items():
-            assign(tree, str(key), value, f"in {path}")
+        data, lines = _read_yaml(path)
+        for key, value in data.items():
+            config.assign(str(key), value, lambda k: _file_origin(path, lines, k))
     for item in overrides:
-        key, value = parse_override(item)
-        assign(tree, key, value, "on the command line")
-    resolve(tree)
-    return build(NonstopConfig, tree)
+        override = parse_override(item)
+        if override.delete:
+            config.delete(override.key, override.value, "on the command line")
+        else:
+            config.assign(override.key, override.value, "on the command line")
+    try:
+        resolve(config.tree)
+        built = build(NonstopConfig, config.tree)
+    except ConfigError as e:
+        origin = config.origin_of(e.key)
+        raise (ConfigError(f"{e.message} [{origin}]", e.key, e.value) if origin else e) from None
+    if dropped is not None:
+        dropped.extend(config.dropped)
+    return built
 
 
-def _read_yaml(path: str) -> dict[str, Any]:
+def _file_origin(path: str, lines: dict[str, int], key: str) -> str:
+    """`in run.yaml, line 3` for the line that set `key` (or the nearest section above it that the file wrote)."""
+    parts = key.split(".")
+    for i in range(len(parts), 0, -1):
+        line = lines.get(".".join(parts[:i]))
+        if line is not None:
+            return f"in {path}, line {line}"
+    return f"in {path}"
+
+
+def _read_yaml(path: str) -> tuple[dict[str, Any], dict[str, int]]:
+    """The file's mapping, and the line (1-based) of every key path it spells out, dotted keys included."""
     try:
         with open(path) as f:
-            data = yaml.safe_load(f)
+            text = f.read()
     except OSError as e:
+        if path in key_index() or find_rule(path, is_section) is not None:
+            raise ConfigError(f"{path!r} is a config key, not a file: write {path}=VALUE") from None
         raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as e:
         raise ConfigError(f"{path} is not valid YAML: {e}") from None
     if data is None:
-        return {}
+        return {}, {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping of keys (a partial config tree), not {type(data).__name__}")
-    return data
+    lines: dict[str, int] = {}
+    _key_lines(node, "", lines)
+    return data, lines
+
+
+def _key_lines(node: yaml.Node, prefix: str, out: dict[str, int]) -> None:
+    if not isinstance(node, yaml.MappingNode):
+        return
+    for key_node, value_node in node.value:
+        path = f"{prefix}{key_node.value}"
+        out.setdefault(path, key_node.start_mark.line + 1)
+        _key_lines(value_node, f"{path}.", out)
 
 
 def config_to_dict(cfg: NonstopConfig) -> dict[str, Any]:

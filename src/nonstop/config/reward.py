@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +12,19 @@ from .spec import option, section
 # How a reward model's score meets the rule score: verl's reward managers hand back the model's score when one was
 # computed (replace); sum adds the two.
 RM_COMBINE = ("replace", "sum")
+# Past this many processes a pool costs more in start-up and memory than a step's scoring gains.
+MAX_AUTO_REWARD_WORKERS = 32
+
+
+def default_reward_workers(samples_per_step: int | None = None) -> int:
+    """`reward_model.num_workers=null`: this rank's share of the cores the process may use, less one for the trainer,
+    and no more than the samples a rank scores per step (torchrun's LOCAL_WORLD_SIZE / WORLD_SIZE split both)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    per_rank = cores // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    workers = min(per_rank - 1, MAX_AUTO_REWARD_WORKERS)
+    if samples_per_step is not None:
+        workers = min(workers, -(-samples_per_step // max(1, int(os.environ.get("WORLD_SIZE", "1")))))
+    return max(1, workers)
 
 
 @dataclass
@@ -53,13 +67,23 @@ class RewardModelConfig:
     )
     max_length: int | None = option(None, "Truncate scored sequences to this many tokens; null = no limit")
     overlong_buffer: OverlongBufferConfig = section(OverlongBufferConfig, "DAPO overlong reward shaping")
-    num_workers: int = option(1, "Processes scoring rule rewards in parallel")
+    num_workers: int | None = option(
+        None,
+        "Processes scoring rule rewards in parallel; null = the cores this process may use less one, at most the "
+        "samples scored per step",
+    )
     timeout_s: float = option(10.0, "(nonstop) Seconds one sample may take to score before it gets reward 0")
+    max_all_failed_steps: int = option(
+        3,
+        "(nonstop) Stop the run after this many steps in a row in which every reward failed (raised, timed out or "
+        "returned no number), naming the function and its first error; 0 = never stop",
+    )
 
     def __post_init__(self):
         check_choice("combine", self.combine, RM_COMBINE)
         check_positive_or_none("micro_batch_size_per_gpu", self.micro_batch_size_per_gpu)
         check_positive_or_none("forward_max_token_len_per_gpu", self.forward_max_token_len_per_gpu)
         check_positive_or_none("max_length", self.max_length)
-        check(self.num_workers >= 1, "num_workers", self.num_workers, "must be >= 1")
+        check_positive_or_none("num_workers", self.num_workers)
         check(self.timeout_s > 0, "timeout_s", self.timeout_s, "must be > 0")
+        check(self.max_all_failed_steps >= 0, "max_all_failed_steps", self.max_all_failed_steps, "must be >= 0")

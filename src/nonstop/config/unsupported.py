@@ -1,15 +1,20 @@
 """verl keys nonstop does not implement, and what to do instead.
 
 Each rule covers a key (an `fnmatch` pattern; a rule on `a.b` also covers everything under it). A value in
-`allowed` is accepted and dropped with a logged note, so verl command lines that spell out verl's defaults still
-run; `ANY` accepts every value (knobs whose job nonstop always does its own way). Any other value is a
-`ConfigError` carrying `instead`. Keys of the schema are looked up first, so a rule never shadows one; among
+`allowed` is accepted and dropped with a printed note naming `instead`, so verl command lines that spell out verl's
+defaults still run; `ANY` accepts every value (knobs whose job nonstop always does its own way). Any other value is
+a `ConfigError` carrying `instead`. Keys of the schema are looked up first, so a rule never shadows one; among
 rules the first match wins (a specific rule goes before the `*` rule that would also match).
+
+A leading `*` stands for a section of the config (`actor_rollout_ref.actor`, `critic`, ...), never for arbitrary
+text: `foo.profiler` is an unknown key, as it is to verl. A rule with `children` knows the names verl has directly
+under its key and refuses others.
 """
 
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,9 +27,28 @@ class Unsupported:
     pattern: str
     instead: str
     allowed: tuple[Any, ...] = ()
+    children: tuple[str, ...] = ()
 
-    def matches(self, key: str) -> bool:
-        return any(fnmatch.fnmatchcase(prefix, self.pattern) for prefix in _prefixes(key))
+    def __post_init__(self):
+        assert not self.pattern.startswith("*") or not any(c in self.pattern[1:] for c in "*?["), self.pattern
+
+    def matched_prefix(self, key: str, is_section: Callable[[str], bool]) -> str | None:
+        """The shortest prefix of `key` the rule covers, or None. `is_section` says whether a path is a section of
+        the config, which a leading `*` must stand for."""
+        for prefix in _prefixes(key):
+            if fnmatch.fnmatchcase(prefix, self.pattern) and self._anchored(prefix, is_section):
+                return prefix
+        return None
+
+    def _anchored(self, prefix: str, is_section: Callable[[str], bool]) -> bool:
+        if not self.pattern.startswith("*"):
+            return True
+        return is_section(prefix[: len(prefix) - len(self.pattern) + 1].rstrip("."))
+
+    def unknown_child(self, key: str, prefix: str) -> str | None:
+        """The name under `prefix` that verl does not have either, when the rule lists `children`."""
+        rest = key[len(prefix) + 1 :].split(".", 1)[0]
+        return rest if self.children and rest and rest not in self.children else None
 
     def accepts(self, value: Any) -> bool:
         return self.allowed is ANY or value in self.allowed
@@ -47,6 +71,10 @@ _PACKED = "nonstop always packs sequences without padding"
 _FUSED = "nonstop always computes log-probs and entropy from hidden states in chunks"
 _MICRO = "set the per-GPU size instead (the `_per_gpu` key next to it)"
 _RAY = "nonstop runs under torchrun, not Ray; set trainer.nnodes and trainer.n_gpus_per_node"
+_PROFILE = "profiling is set for the whole run: global_profiler.tool=torch|nsys and global_profiler.steps"
+_PROFILER_KEYS = ("_target_", "tool", "enable", "all_ranks", "ranks", "save_path", "tool_config", "discrete")
+_CHECKPOINT = "checkpoints always hold model, optimizer and trainer state"
+_MOE = "mixture-of-experts models are not supported"
 
 RULES: tuple[Unsupported, ...] = (
     # Parallelism and sharding strategies.
@@ -56,7 +84,7 @@ RULES: tuple[Unsupported, ...] = (
     Unsupported("actor_rollout_ref.rollout.tensor_model_parallel_size", _NO_TP, (1,)),
     Unsupported("actor_rollout_ref.rollout.pipeline_model_parallel_size", _NO_TP, (1,)),
     Unsupported("actor_rollout_ref.rollout.data_parallel_size", _NO_TP, (1,)),
-    Unsupported("actor_rollout_ref.rollout.expert_parallel_size", "mixture-of-experts models are not supported", (1,)),
+    Unsupported("actor_rollout_ref.rollout.expert_parallel_size", _MOE, (1,)),
     Unsupported("ray_kwargs", _RAY),
     Unsupported("trainer.ray_wait_register_center_timeout", _RAY, ANY),
     Unsupported("trainer.use_legacy_worker_impl", "nonstop has one worker implementation", ANY),
@@ -79,6 +107,11 @@ RULES: tuple[Unsupported, ...] = (
     Unsupported("*.fsdp_config.wrap_policy", "FSDP2 shards each transformer block", ANY),
     Unsupported("*.fsdp_config.use_orig_params", "FSDP2 always keeps original parameters", ANY),
     Unsupported("*.fsdp_config.seed", "set data.seed / actor_rollout_ref.actor.data_loader_seed", ANY),
+    Unsupported(
+        "*.fsdp_config.full_determinism", "CPU runs repeat exactly; GPU kernels are not forced deterministic", (False,)
+    ),
+    Unsupported("*.fsdp_config.forward_only", "nonstop decides which models it trains", ANY),
+    Unsupported("reward_model.model.fsdp_config", "the reward model runs unsharded on each rank", ANY),
     # Model features.
     Unsupported("*.use_remove_padding", _PACKED, ANY),
     Unsupported("*.use_fused_kernels", _FUSED, ANY),
@@ -97,6 +130,8 @@ RULES: tuple[Unsupported, ...] = (
     Unsupported("*.model.enable_activation_offload", _OFFLOAD, (False,)),
     Unsupported("*.model.tiled_mlp", "tiled MLP is not implemented", ANY),
     Unsupported("actor_rollout_ref.model.mtp", "multi-token prediction is not supported", ANY),
+    Unsupported("actor_rollout_ref.model.hf_config_path", "the model's config.json is read from model.path", (None,)),
+    Unsupported("reward_model.model.override_config", "the reward model is loaded as saved", ({}, None)),
     # Micro-batch sizes verl deprecated in favour of per-GPU sizes.
     Unsupported("*.ppo_micro_batch_size", _MICRO, (None,)),
     Unsupported("*.log_prob_micro_batch_size", _MICRO, (None,)),
@@ -118,18 +153,29 @@ RULES: tuple[Unsupported, ...] = (
     Unsupported("actor_rollout_ref.actor.loss_scale_factor", "set actor_rollout_ref.actor.loss_agg_mode", (None,)),
     Unsupported("actor_rollout_ref.actor.tau_*", "SAPO is not implemented", ANY),
     Unsupported("*.freeze_vision_tower", "multimodal models are not supported", (False,)),
+    Unsupported("actor_rollout_ref.actor.checkpoint", _CHECKPOINT, ANY),
+    Unsupported("critic.checkpoint", _CHECKPOINT, ANY),
     Unsupported(
-        "actor_rollout_ref.actor.checkpoint", "checkpoints always hold model, optimizer and trainer state", ANY
+        "critic.data_loader_seed", "the critic's mini-batches follow actor_rollout_ref.actor.data_loader_seed", ANY
     ),
     Unsupported("*.entropy_from_logits_with_chunking", _FUSED, ANY),
     Unsupported("*.entropy_checkpointing", _FUSED, ANY),
     Unsupported("actor_rollout_ref.actor.calculate_entropy", "entropy is always logged (actor/entropy)", ANY),
-    Unsupported("actor_rollout_ref.actor.router_replay", "mixture-of-experts models are not supported", ANY),
-    Unsupported("*.profiler", "profiling is set for the whole run under global_profiler.*", ANY),
+    Unsupported("actor_rollout_ref.actor.calculate_sum_pi_squared", "not implemented", (False,)),
+    Unsupported("actor_rollout_ref.actor.sum_pi_squared_checkpointing", "not implemented", ANY),
+    Unsupported("actor_rollout_ref.*.router_replay", _MOE, ANY),
+    Unsupported("*.profiler", _PROFILE, ANY, children=_PROFILER_KEYS),
     # Rollout engine: nonstop's own; verl's engine names are aliases for it.
-    Unsupported("actor_rollout_ref.rollout.name", "nonstop always generates with its own engine", ENGINE),
     Unsupported(
-        "actor_rollout_ref.rollout.mode", "trainer.mode chooses how generation overlaps training", ("async", "sync")
+        "actor_rollout_ref.rollout.name",
+        "nonstop always generates with its own engine, which takes vLLM's option names",
+        ENGINE,
+    ),
+    Unsupported(
+        "actor_rollout_ref.rollout.mode",
+        "nonstop's engine runs inside the trainer; to overlap generation with training set trainer.mode=one_step_off "
+        "or trainer.mode=async",
+        ("async", "sync"),
     ),
     Unsupported("actor_rollout_ref.rollout.load_format", "weights come from actor_rollout_ref.model.path", ANY),
     Unsupported("actor_rollout_ref.rollout.engine_kwargs", "vLLM/SGLang options do not apply to nonstop's engine", ANY),
@@ -148,6 +194,11 @@ RULES: tuple[Unsupported, ...] = (
     Unsupported("actor_rollout_ref.rollout.layered_summon", "weights are published by nonstop's sync", ANY),
     Unsupported("actor_rollout_ref.rollout.checkpoint_engine", "weights are published by nonstop's sync", ANY),
     Unsupported("actor_rollout_ref.rollout.quantization", "rollout quantization is not implemented", (None,)),
+    Unsupported(
+        "actor_rollout_ref.rollout.quantization_config_file", "rollout quantization is not implemented", (None,)
+    ),
+    Unsupported("actor_rollout_ref.rollout.enable_rollout_routing_replay", _MOE, (False,)),
+    Unsupported("actor_rollout_ref.rollout.mtp", "multi-token prediction is not supported", ANY),
     Unsupported("actor_rollout_ref.rollout.over_sample_rate", "trainer.mode=async handles long tails", (0,)),
     Unsupported("actor_rollout_ref.rollout.multi_turn.enable", "multi-turn rollouts are not implemented", (False,)),
     Unsupported("actor_rollout_ref.rollout.multi_turn", "multi-turn rollouts are not implemented", ANY),
@@ -155,6 +206,7 @@ RULES: tuple[Unsupported, ...] = (
     Unsupported("actor_rollout_ref.rollout.trace", "tracing is not implemented; see trainer.rollout_data_dir", ANY),
     Unsupported("actor_rollout_ref.rollout.prometheus", "engine metrics go to metrics.jsonl", ANY),
     Unsupported("actor_rollout_ref.rollout.skip_rollout", "replaying dumped rollouts is not implemented", (False,)),
+    Unsupported("actor_rollout_ref.rollout.skip_dump_dir", "replaying dumped rollouts is not implemented", ANY),
     # Data features.
     Unsupported("data.return_raw_chat", "prompts are templated by nonstop", ANY),
     Unsupported("data.return_raw_input_ids", "prompts are templated by nonstop", ANY),
@@ -211,7 +263,12 @@ RULES: tuple[Unsupported, ...] = (
     Unsupported("reward_model.sandbox_fusion", "code sandboxes are not supported", ANY),
     Unsupported("reward_model.overlong_buffer.log", "the penalty is always logged (reward/overlong_*)", ANY),
     # Profiler details.
-    Unsupported("global_profiler.global_tool_config", "nonstop configures torch.profiler and nsys itself", ANY),
+    Unsupported(
+        "global_profiler.global_tool_config",
+        "nonstop configures torch.profiler and nsys itself; choose with global_profiler.tool and global_profiler.steps",
+        ANY,
+        children=("nsys", "torch_memory", "torch", "npu"),
+    ),
     # Hydra machinery.
     Unsupported("*_target_", "Hydra instantiation targets are not used", ANY),
     Unsupported("defaults", "Hydra defaults lists are not supported; write one YAML file (a partial tree)"),
@@ -219,8 +276,9 @@ RULES: tuple[Unsupported, ...] = (
 )
 
 
-def find_rule(key: str) -> Unsupported | None:
+def find_rule(key: str, is_section: Callable[[str], bool]) -> tuple[Unsupported, str] | None:
+    """The first rule covering `key`, with the prefix of `key` it matched."""
     for rule in RULES:
-        if rule.matches(key):
-            return rule
+        if (prefix := rule.matched_prefix(key, is_section)) is not None:
+            return rule, prefix
     return None

@@ -87,6 +87,8 @@ class PromptDataset:
             else:
                 self.items.append(TokenizedPrompt(row, truncate(ids, self.max_prompt_length, self.truncation), True))
                 self.num_truncated += 1
+        if not self.rows:
+            raise ValueError("no prompts: the data set is empty")
         if not self.items:
             raise ValueError(
                 f"all {len(self.rows)} prompts are longer than data.max_prompt_length={self.max_prompt_length} tokens"

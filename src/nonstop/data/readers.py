@@ -39,9 +39,22 @@ def read_parquet(path: Path, prompt_key: str = "prompt") -> list[PromptRow]:
     ]
 
 
+def _utf8(data: bytes, path: Path) -> str:
+    """The file's text; bytes that are not UTF-8 (JSON's encoding) are an error naming the line and column."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        lineno = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise RowError(
+            f"{path} line {lineno}: byte {data[e.start]:#04x} at column {column} is not UTF-8 (JSON files must be "
+            "UTF-8; re-encode the file, e.g. iconv -f latin1 -t utf-8)"
+        ) from None
+
+
 def read_jsonl(path: Path, prompt_key: str = "prompt") -> list[PromptRow]:
     """One JSON object per line (blank lines skipped); a `.json` file may instead hold one array of objects."""
-    text = Path(path).read_text(encoding="utf-8")
+    text = _utf8(Path(path).read_bytes(), path)
     if path.suffix == ".json" and text.lstrip().startswith("["):
         try:
             records = json.loads(text)
@@ -139,6 +152,8 @@ def read_rows(
             part = read_parquet(file, prompt_key)
         else:
             part = read_jsonl(file, prompt_key)
+        if not part:
+            raise ValueError(f"{file}: the file holds no rows (it is empty)")
         label = name if names.count(name) == 1 else f"{position}:{name}"
         for i, row in enumerate(part):
             row.uid = f"{label}/{i}"

@@ -16,13 +16,14 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from nonstop.models.attention import AttentionBackend
 from nonstop.models.config import ModelConfig
 from nonstop.models.hf_loader import SAFETENSORS_FILE, iter_safetensors, read_hf_config, safetensors_files
+from nonstop.models.hub import resolve_model_path
 from nonstop.models.loading import load_model
+from nonstop.models.save import save_safetensors
 from nonstop.models.transformer import CausalLM, DecoderModel
 
 
@@ -62,8 +63,8 @@ def load_critic_model(
     path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
 ) -> CriticModel:
     """A critic from `critic.model.path`: a `.gguf` or Hugging Face policy (trunk loaded, zero head) or a critic
-    directory `save_critic_model` wrote (head loaded too)."""
-    path = Path(path)
+    directory `save_critic_model` wrote (head loaded too); a hub id is resolved as `load_model` does."""
+    path = resolve_model_path(path)
     if path.suffix == ".gguf":
         return CriticModel.from_policy(load_model(path, dtype, device)[0])
     tensors = {name: t for name, t in iter_safetensors(safetensors_files(path)) if not name.startswith("lm_head.")}
@@ -88,5 +89,5 @@ def save_critic_model(critic: CriticModel, out_dir: str | Path) -> Path:
     hf_config["num_labels"] = 1
     (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
     tensors = {name: p.detach().cpu().contiguous() for name, p in critic.named_parameters()}
-    save_file(tensors, out_dir / SAFETENSORS_FILE, metadata={"format": "pt"})
+    save_safetensors(tensors, out_dir / SAFETENSORS_FILE, metadata={"format": "pt"})
     return out_dir

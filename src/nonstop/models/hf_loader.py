@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import Tensor, nn
 
 from nonstop.models.config import ModelConfig
@@ -55,10 +55,21 @@ def safetensors_files(path: str | Path) -> list[Path]:
     return files
 
 
+def check_safetensors(file: Path) -> None:
+    """Read the header, which safetensors checks against the file's size: a truncated or corrupt file is a ValueError
+    naming it (safetensors' own error names no file)."""
+    try:
+        with safe_open(file, framework="pt", device="cpu"):
+            pass
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"{file}: not a complete safetensors file ({e})") from None
+
+
 def safetensors_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
     """Tensor names and shapes from the file headers, without reading any data."""
     shapes = {}
     for file in files:
+        check_safetensors(file)
         with safe_open(file, framework="pt", device="cpu") as f:
             for name in f.keys():
                 shapes[name] = tuple(f.get_slice(name).get_shape())

@@ -1,4 +1,5 @@
-"""One entry point from a path to `(model, tokenizer)`: a `.gguf` file or a Hugging Face checkpoint directory."""
+"""One entry point from a path to `(model, tokenizer)`: a `.gguf` file, a Hugging Face checkpoint directory or a
+Hugging Face hub id (`models/hub.py`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from transformers import PreTrainedTokenizerBase
 
 from nonstop.models.gguf_loader import load_gguf_model
 from nonstop.models.hf_loader import load_hf_model
+from nonstop.models.hub import resolve_model_path
 from nonstop.models.tokenizer import load_tokenizer
 from nonstop.models.transformer import CausalLM
 
@@ -38,7 +40,8 @@ def default_model_path() -> Path:
 def load_model(
     path_or_name: str | Path | None = None, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
 ) -> tuple[CausalLM, PreTrainedTokenizerBase]:
-    """Model and tokenizer from a `.gguf` file or a Hugging Face directory; `None` means `default_model_path()`."""
-    path = Path(path_or_name) if path_or_name is not None else default_model_path()
+    """Model and tokenizer from a `.gguf` file, a Hugging Face directory or hub id; `None` means
+    `default_model_path()`."""
+    path = resolve_model_path(path_or_name) if path_or_name is not None else default_model_path()
     model = load_gguf_model(path, dtype, device) if path.suffix == ".gguf" else load_hf_model(path, dtype, device)
     return model, load_tokenizer(path)

@@ -12,10 +12,11 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from nonstop.models.lora import LoraConfig, apply_lora, lora_modules, select_target_modules
+from nonstop.models.save import save_safetensors
 
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
@@ -63,7 +64,7 @@ def save_adapter(model: nn.Module, out_dir: str | Path, dtype: torch.dtype | Non
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / ADAPTER_CONFIG_FILE).write_text(json.dumps(adapter_config_dict(model), indent=2) + "\n")
-    save_file(adapter_state_dict(model, dtype), out_dir / ADAPTER_WEIGHTS_FILE, metadata={"format": "pt"})
+    save_safetensors(adapter_state_dict(model, dtype), out_dir / ADAPTER_WEIGHTS_FILE, metadata={"format": "pt"})
     if tokenizer is not None:
         tokenizer.save_pretrained(out_dir)
     return out_dir

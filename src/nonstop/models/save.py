@@ -6,7 +6,9 @@ once the weights exceed `max_shard_size`) and, when given, the tokenizer files.
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -19,6 +21,21 @@ from nonstop.models.hf_loader import SAFETENSORS_FILE, SAFETENSORS_INDEX_FILE
 from nonstop.models.transformer import CausalLM
 
 DEFAULT_MAX_SHARD_SIZE = 5 * 2**30
+
+
+@functools.cache
+def _umask() -> int:
+    # The process's umask can only be read by setting it; it is put back at once, and read once per process.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def save_safetensors(tensors: dict[str, Tensor], path: str | Path, metadata: dict[str, str] | None = None) -> None:
+    """safetensors' `save_file` with the permissions of any other new file (0644 under the usual umask): it creates
+    its files 0600, which other users (a serving process, a colleague) cannot read."""
+    save_file(tensors, path, metadata=metadata)
+    os.chmod(path, 0o666 & ~_umask())
 
 
 def checkpoint_state_dict(model: CausalLM, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
@@ -79,12 +96,12 @@ def save_hf(
         stale.unlink(missing_ok=True)
     shards = shard_state_dict(state_dict, max_shard_size)
     if len(shards) == 1:
-        save_file(shards[0], out_dir / SAFETENSORS_FILE, metadata={"format": "pt"})
+        save_safetensors(shards[0], out_dir / SAFETENSORS_FILE, metadata={"format": "pt"})
     else:
         weight_map = {}
         for i, shard in enumerate(shards, start=1):
             file_name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, out_dir / file_name, metadata={"format": "pt"})
+            save_safetensors(shard, out_dir / file_name, metadata={"format": "pt"})
             weight_map.update(dict.fromkeys(shard, file_name))
         total_size = sum(t.numel() * t.element_size() for t in state_dict.values())
         index = {"metadata": {"total_size": total_size}, "weight_map": weight_map}

@@ -10,9 +10,12 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from nonstop.models.hub import resolve_model_path
+
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
-    path = Path(path)
+    """From a `.gguf` file, a Hugging Face directory or hub id (`actor_rollout_ref.model.tokenizer_path`)."""
+    path = resolve_model_path(path)
     if path.suffix == ".gguf":
         if not path.is_file():
             raise FileNotFoundError(f"GGUF file {path} not found")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nonstop.profiling.phases import PHASES, STEP, metric_suffix, timing_key
+from nonstop.profiling.phases import PHASES, STEP, timing_key
 from nonstop.profiling.timeline import TIMELINE, read_jsonl
 
 MISSING_MATPLOTLIB = "matplotlib is not installed (pip install matplotlib): plots skipped"
@@ -87,7 +87,7 @@ def _breakdown_plot(plt, rows: list[dict], path: Path) -> None:
     for phase in PHASES:
         values = [r.get(timing_key(phase)) or 0.0 for r in rows]
         if any(values):
-            ax.bar(steps, values, bottom=bottom, color=_COLORS[phase], label=metric_suffix(phase), width=0.8)
+            ax.bar(steps, values, bottom=bottom, color=_COLORS[phase], label=phase, width=0.8)
             bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     other = [max(0.0, r[timing_key(STEP)] - b) for r, b in zip(rows, bottom, strict=True)]
     ax.bar(steps, other, bottom=bottom, color="0.75", label="other", width=0.8)

@@ -6,8 +6,14 @@
     metrics = pool.pop_metrics()  # reward/errors, reward/timeouts, reward/critical_path_s, ...
 
 A sample whose function raises, returns something that is not a finite number, or runs past `timeout_s` scores
-0.0, is counted and logged once per distinct failure; a hung worker is killed and replaced, so the pool keeps its
-size. A `RewardSetupError` (unknown data_source, missing dependency) is raised from `collect` instead.
+0.0, is counted and logged once per distinct failure; a hung worker is killed and replaced. A `RewardSetupError`
+(unknown data_source, missing dependency) is raised from `collect` instead.
+
+Hangs do not queue up behind each other: a sample running for `SUSPECT_FRACTION` of `timeout_s` makes its worker a
+suspect — the samples queued behind it go back to the queue and a warm spare (one worker process is always kept
+started beyond `num_workers`) scores in its place, while the suspect finishes or times out; a new spare starts in
+the background. Results carry a sequence number, so a sample scored twice (taken back just as its worker reached
+it) counts once.
 
 Workers start with forkserver (or spawn) — never fork: the trainer process holds CUDA. The scoring function
 therefore travels by pickle: a module-level function, or a `CustomRewardFunction` that re-loads `path.py:name`;
@@ -18,6 +24,7 @@ function cannot be stopped without a process to kill.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import multiprocessing as mp
@@ -31,8 +38,10 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from nonstop.config.reward import default_reward_workers
+
 from . import registry
-from .custom import load_custom_reward_fn
+from .custom import CustomRewardFunction, load_custom_reward_fn
 from .errors import RewardSetupError
 from .registry import default_compute_score
 from .scoring import RewardResult, score_one, shorten
@@ -45,6 +54,7 @@ logger = logging.getLogger(__name__)
 class _Task:
     sample_id: Hashable
     args: tuple[str, str, Any, dict | None]  # data_source, solution_str, ground_truth, extra_info
+    seq: int = -1  # the pool's number for it, which the worker's result carries
 
 
 # Most samples handed to one worker in one message. Each sample still gets its own deadline, started when the worker
@@ -52,6 +62,8 @@ class _Task:
 # GIL), which with one worker made the last 64 samples of an H200 step wait ~10 ms.
 MAX_BATCH = 16
 BATCHES_PER_SHARE = 4
+# The share of timeout_s after which a sample's worker is a suspect: its queue is taken back and a spare steps in.
+SUSPECT_FRACTION = 0.25
 
 
 @dataclass
@@ -59,8 +71,9 @@ class _Worker:
     process: Any
     conn: Connection
     ready: bool = False
-    tasks: deque[_Task] = field(default_factory=deque)  # sent, in the order the worker scores them
-    deadline: float = math.inf  # of tasks[0]
+    tasks: deque[_Task] = field(default_factory=deque)  # sent and not taken back, in the order the worker scores
+    started: float = math.inf  # when tasks[0] began: its send, or the result before it
+    suspect: bool = False  # tasks[0] has run past the suspect time
 
 
 @dataclass
@@ -94,6 +107,9 @@ class RewardPool:
         self._pending: deque[_Task] = deque()
         self._results: dict[Hashable, RewardResult] = {}
         self._open_ids: set[Hashable] = set()  # submitted, not yet collected
+        self._unfinished: dict[int, _Task] = {}  # by seq: submitted to the workers, not yet scored
+        self._seq = itertools.count()
+        self._retired: list[_Worker] = []
         self._logged: set[tuple] = set()
         self._window = _Window()
         self._fatal: str | None = None
@@ -110,18 +126,29 @@ class RewardPool:
             ) from e
         methods = mp.get_all_start_methods()
         self._ctx = mp.get_context(start_method or ("forkserver" if "forkserver" in methods else "spawn"))
-        self._workers = [self._start_worker() for _ in range(num_workers)]
+        self._workers = [self._start_worker() for _ in range(num_workers + 1)]  # the last one: the warm spare
         self._wake_r, self._wake_w = self._ctx.Pipe(duplex=False)
         self._thread = threading.Thread(target=self._run, name="nonstop-reward-pool", daemon=True)
         self._thread.start()
 
     @classmethod
     def from_config(cls, reward_model, custom_reward_function) -> RewardPool:
-        """From `reward_model.*` (num_workers, timeout_s) and `custom_reward_function.*` (path, name,
-        reward_kwargs)."""
+        """From `reward_model.*` (num_workers, null = `default_reward_workers`; timeout_s) and
+        `custom_reward_function.*` (path, name, reward_kwargs)."""
         crf = custom_reward_function
         fn = load_custom_reward_fn(crf.path, crf.name, crf.reward_kwargs) if crf.path else default_compute_score
-        return cls(fn, num_workers=reward_model.num_workers, timeout_s=reward_model.timeout_s)
+        workers = reward_model.num_workers or default_reward_workers()
+        return cls(fn, num_workers=workers, timeout_s=reward_model.timeout_s)
+
+    @property
+    def scorer(self) -> str:
+        """The scoring function, as messages name it."""
+        fn = self.compute_score
+        if isinstance(fn, CustomRewardFunction):
+            return f"{fn.path}:{fn.name}"
+        if fn is default_compute_score:
+            return "the built-in scorers by data_source"
+        return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
     # --- caller side -------------------------------------------------------------------------------------------
 
@@ -139,7 +166,7 @@ class RewardPool:
         """`submit` for several (sample_id, data_source, solution_str, ground_truth, extra_info) at once: one lock and
         one wake-up of the dispatcher for all of them (a GRPO group's samples finish together; on a 2-core CPU 64
         single submits took ~8 ms of the trainer's thread, eight batched ones ~6.5 ms)."""
-        tasks = [_Task(sample_id, tuple(args)) for sample_id, *args in samples]
+        tasks = [_Task(sample_id, tuple(args), next(self._seq)) for sample_id, *args in samples]
         with self._cond:
             if self._closed:
                 raise RuntimeError("RewardPool.submit after close()")
@@ -159,6 +186,7 @@ class RewardPool:
             self._window.last_submit = now
             if self.num_workers > 0:
                 self._pending.extend(tasks)
+                self._unfinished.update((t.seq, t) for t in tasks)
                 self._wake_w.send_bytes(b"")
                 return
         for task in tasks:
@@ -223,12 +251,12 @@ class RewardPool:
         if self.num_workers == 0:
             return
         self._thread.join()
-        for w in self._workers:
+        for w in [*self._workers, *self._retired]:
             try:
                 w.conn.send(None)
             except OSError:
                 pass
-        for w in self._workers:
+        for w in [*self._workers, *self._retired]:
             w.process.join(timeout=1.0)
             if w.process.is_alive():
                 w.process.kill()
@@ -257,9 +285,9 @@ class RewardPool:
                     if self._closed or self._fatal is not None:
                         return  # after a fatal error nothing more can be scored: collect() raises it
                     self._dispatch()
-                    watched = [w.conn for w in self._workers if w.tasks or not w.ready]
-                    deadline = min((w.deadline for w in self._workers), default=math.inf)
-                timeout = None if deadline == math.inf else max(0.0, deadline - time.perf_counter())
+                    watched = [w.conn for w in self._workers]
+                    wake = min((t for w in self._workers for t in self._alarms(w)), default=math.inf)
+                timeout = None if wake == math.inf else max(0.0, wake - time.perf_counter())
                 ready = wait([*watched, self._wake_r], timeout)
                 with self._cond:
                     if self._wake_r in ready:
@@ -275,31 +303,68 @@ class RewardPool:
                 self._cond.notify_all()
             raise
 
+    def _alarms(self, w: _Worker) -> tuple[float, ...]:
+        """When the dispatcher must look at `w` again: its sample's suspect time, then its deadline."""
+        if not w.tasks:
+            return ()
+        deadline = w.started + self.timeout_s
+        return (deadline,) if w.suspect else (w.started + SUSPECT_FRACTION * self.timeout_s, deadline)
+
     def _dispatch(self) -> None:
-        # A quarter of each worker's share of the queue, busy and starting workers counted: one that frees up soon
-        # takes its part then, and a slow sample holds few others behind it while the rest of the pool is idle.
-        size = min(MAX_BATCH, -(-len(self._pending) // (BATCHES_PER_SHARE * max(1, len(self._workers)))))
+        """Hand queued samples to idle workers, `num_workers` at a time plus one for each suspect; then keep one
+        spare process beyond those."""
+        busy = [w for w in self._workers if w.tasks]
+        suspects = sum(w.suspect for w in busy)
+        slots = self.num_workers + suspects - len(busy)
+        while self._pending and self._pending[0].seq not in self._unfinished:
+            self._pending.popleft()  # scored by the worker it was taken back from
+        # A quarter of each worker's share of the queue: one that frees up soon takes its part then, and a slow sample
+        # holds few others behind it while the rest of the pool is idle.
+        size = min(MAX_BATCH, -(-len(self._pending) // (BATCHES_PER_SHARE * self.num_workers)))
         for w in self._workers:
-            if not self._pending:
-                return
+            if slots <= 0 or not self._pending:
+                break
             if not w.ready or w.tasks:
                 continue
-            size = min(size, len(self._pending))
-            w.tasks.extend(self._pending.popleft() for _ in range(size))
+            while len(w.tasks) < size and self._pending:
+                task = self._pending.popleft()
+                if task.seq in self._unfinished:
+                    w.tasks.append(task)
+            if not w.tasks:
+                break
+            slots -= 1
             # The clock starts when the worker gets the sample: queueing behind others is not its fault.
-            w.deadline = time.perf_counter() + self.timeout_s
+            w.started, w.suspect = time.perf_counter(), False
             try:
-                w.conn.send([t.args for t in w.tasks])
+                w.conn.send(("score", [(t.seq, t.args) for t in w.tasks]))
             except OSError:
                 pass  # the worker died; wait() sees its pipe close and _receive scores its first task as an error
+        self._keep_spare(self.num_workers + suspects + 1)
 
-    def _requeue_after_first(self, w: _Worker) -> None:
-        """The worker is gone with its first task (the one it was scoring): the others it never started go back to
-        the front of the queue, in order."""
-        w.tasks.popleft()
-        self._pending.extendleft(reversed(w.tasks))
-        w.tasks.clear()
-        w.deadline = math.inf
+    def _keep_spare(self, wanted: int) -> None:
+        """`wanted` processes: start one when short (one at a time: the spare), retire idle ones beyond."""
+        if len(self._workers) < wanted and all(w.ready for w in self._workers):
+            self._workers.append(self._start_worker())
+        for w in [w for w in self._workers if w.ready and not w.tasks][: max(0, len(self._workers) - wanted)]:
+            self._workers.remove(w)
+            self._retired.append(w)
+            try:
+                w.conn.send(None)
+            except OSError:
+                pass
+
+    def _take_back(self, w: _Worker, cancel: bool) -> None:
+        """The samples `w` has not started go back to the front of the queue, in order (and, with `cancel`, the
+        worker is told to skip them)."""
+        rest = list(w.tasks)[1:]
+        while len(w.tasks) > 1:
+            w.tasks.pop()
+        if rest and cancel:
+            try:
+                w.conn.send(("cancel", [t.seq for t in rest]))
+            except OSError:
+                pass
+        self._pending.extendleft(reversed(rest))
 
     def _receive(self, w: _Worker) -> None:
         try:
@@ -316,42 +381,52 @@ class RewardPool:
             elif w.tasks:
                 message = f"the reward worker process died while scoring (exit code {w.process.exitcode})"
                 self._finish(w.tasks[0], RewardResult(0.0, status="error", message=message, where="worker died"))
-                self._requeue_after_first(w)
-            self._replace(w)
+                self._take_back(w, cancel=False)
+            self._drop(w)
             return
         if kind == "ready":
             w.ready = True
         elif kind == "init_failed":
-            self._fatal = "a reward worker could not load the scoring function:\n" + payload
+            self._fatal = "a reward worker could not load the scoring function: " + payload
             self._cond.notify_all()
         elif kind == "fatal":
             self._fatal = payload
             self._cond.notify_all()
         else:
-            self._finish(w.tasks.popleft(), payload)
-            w.deadline = time.perf_counter() + self.timeout_s if w.tasks else math.inf
+            seq, result = payload
+            if w.tasks and w.tasks[0].seq == seq:
+                w.tasks.popleft()
+                w.started, w.suspect = (time.perf_counter() if w.tasks else math.inf), False
+            if seq in self._unfinished:  # else scored already, by the worker it was handed to after being taken back
+                self._finish(self._unfinished[seq], result)
 
     def _expire(self, now: float) -> None:
         for w in list(self._workers):
-            if w.tasks and now >= w.deadline:
+            if not w.tasks:
+                continue
+            if now >= w.started + self.timeout_s:
                 message = f"scoring took longer than reward_model.timeout_s={self.timeout_s:g}; worker restarted"
                 result = RewardResult(0.0, status="timeout", message=message, elapsed_s=self.timeout_s)
                 self._finish(w.tasks[0], result)
-                self._requeue_after_first(w)
-                w.process.kill()
-                w.process.join()
-                self._replace(w)
+                self._take_back(w, cancel=False)
+                self._drop(w)
+            elif not w.suspect and now >= w.started + SUSPECT_FRACTION * self.timeout_s:
+                w.suspect = True
+                self._take_back(w, cancel=True)
 
-    def _replace(self, w: _Worker) -> None:
+    def _drop(self, w: _Worker) -> None:
+        """Kill and forget `w`; `_dispatch` starts the process that replaces it (the spare takes its place now)."""
         w.conn.close()
         if w.process.is_alive():
             w.process.kill()
-            w.process.join()
-        self._workers[self._workers.index(w)] = self._start_worker()
+        w.process.join()
+        self._workers.remove(w)
 
     # --- bookkeeping (under self._cond) ------------------------------------------------------------------------
 
     def _finish(self, task: _Task, result: RewardResult) -> None:
+        if self.num_workers > 0 and self._unfinished.pop(task.seq, None) is None:
+            return  # scored twice (taken back as its worker reached it): the first result stands
         win = self._window
         win.scored += 1
         win.busy_s += result.elapsed_s

@@ -1,8 +1,9 @@
-"""The reward worker process: loads the scoring function once, then scores the samples of each message in order.
+"""The reward worker process: loads the scoring function once, then scores the samples it is sent, in order.
 
-Protocol on its pipe — in: a list of `(data_source, solution_str, ground_truth, extra_info)` or None to stop; out:
-first `("ready", None)` or `("init_failed", traceback)`, then per sample, as soon as it is scored,
-`("result", RewardResult)` or `("fatal", message)` for a `RewardSetupError`.
+Protocol on its pipe — in: `("score", [(seq, (data_source, solution_str, ground_truth, extra_info)), ...])`,
+`("cancel", [seq, ...])` for samples sent earlier that the pool has handed to another worker (skipped if not yet
+started), or None to stop; out: first `("ready", None)` or `("init_failed", message)`, then per sample, as soon as
+it is scored, `("result", (seq, RewardResult))` or `("fatal", message)` for a `RewardSetupError`.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 import pickle
 import signal
 import traceback
+from collections import deque
 from multiprocessing.connection import Connection
+from typing import Any
 
 from . import registry
 from .errors import RewardSetupError
@@ -21,26 +24,49 @@ def worker_main(conn: Connection, payload: bytes) -> None:
     # Ctrl-C reaches the whole process group; the trainer shuts workers down, they need not print tracebacks too.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        compute_score, table = pickle.loads(payload)
+        compute_score, table = pickle.loads(payload)  # a custom function's file runs here
         registry.install(table)
+    except RewardSetupError as e:
+        conn.send(("init_failed", str(e)))
+        return
     except BaseException:
         conn.send(("init_failed", traceback.format_exc()))
         return
     conn.send(("ready", None))
+    queue: deque[tuple[int, tuple[Any, ...]]] = deque()
+    cancelled: set[int] = set()
+
+    def take(message) -> bool:
+        if message is None:
+            return False
+        kind, items = message
+        if kind == "cancel":
+            cancelled.update(items)
+        else:
+            queue.extend(items)
+        return True
+
     while True:
         try:
-            task = conn.recv()
+            if not queue and not take(conn.recv()):
+                return
+            while conn.poll():  # cancels (or new samples) sent while the last sample was scored
+                if not take(conn.recv()):
+                    return
         except EOFError:
             return
-        if task is None:
-            return
-        for args in task:
-            try:
-                reply = ("result", score_one(compute_score, *args))
-            except RewardSetupError as e:
-                reply = ("fatal", str(e))
-            try:
-                conn.send(reply)
-            except Exception as e:  # extra values that cannot be pickled
-                message = f"result could not be sent back: {e!r}"
-                conn.send(("result", RewardResult(0.0, status="error", message=message)))
+        if not queue:
+            continue
+        seq, args = queue.popleft()
+        if seq in cancelled:
+            cancelled.discard(seq)
+            continue
+        try:
+            reply = ("result", (seq, score_one(compute_score, *args)))
+        except RewardSetupError as e:
+            reply = ("fatal", str(e))
+        try:
+            conn.send(reply)
+        except Exception as e:  # extra values that cannot be pickled
+            message = f"result could not be sent back: {e!r}"
+            conn.send(("result", (seq, RewardResult(0.0, status="error", message=message))))

@@ -18,8 +18,11 @@ On several ranks (FSDP2 models) the weights and AdamW moments are `torch.distrib
 rank reads the whole weights and moments and keeps its shard of each (`shard_like`).
 
 A step directory is written under a temporary name and renamed into place, and the `latest` file is replaced
-atomically after that, so a crash mid-save leaves the previous checkpoint as the latest. Nothing is read back
-with `torch.load` (pickle): tensors are safetensors, the rest JSON.
+atomically after that, so a crash mid-save leaves the previous checkpoint as the latest. Nothing is unpickled:
+tensors are safetensors, the rest JSON, and DCP's metadata goes through a reader that builds only its own classes
+(dist/checkpoint.py). Before anything is loaded every file is checked (safetensors headers against file sizes, JSON
+parsed, DCP shards against their metadata), so a truncated file is a `CheckpointError` naming it; resuming then
+falls back to the checkpoint before it, with a warning (`load_latest_checkpoint`).
 """
 
 from __future__ import annotations
@@ -29,22 +32,26 @@ import os
 import random
 import re
 import shutil
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from torch.distributed.checkpoint.api import CheckpointException
 
 from nonstop.dist import barrier, current
-from nonstop.dist.checkpoint import SHARDED_DIR, load_sharded, save_sharded
+from nonstop.dist.checkpoint import SHARDED_DIR, CheckpointError, load_sharded, save_sharded, verify_sharded
 from nonstop.dist.fsdp import is_sharded, shard_like
 from nonstop.models.critic_model import CriticModel, save_critic_model
-from nonstop.models.hf_loader import iter_safetensors, safetensors_files
+from nonstop.models.hf_loader import check_safetensors, iter_safetensors, safetensors_files
 from nonstop.models.lora import has_lora
 from nonstop.models.peft_format import is_adapter_dir, load_adapter_weights, save_adapter
-from nonstop.models.save import save_hf, save_hf_config
+from nonstop.models.save import save_hf, save_hf_config, save_safetensors
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
@@ -119,7 +126,7 @@ def save_checkpoint(
         else:
             save_hf(model, tmp / "actor", tokenizer=hf_tokenizer)
         tensors, groups = _flatten_optimizer(optimizer)
-        save_file(tensors, tmp / "optimizer.safetensors")
+        save_safetensors(tensors, tmp / "optimizer.safetensors")
     if critic is not None and is_sharded(critic[0]):
         save_sharded(tmp / CRITIC_DIR / SHARDED_DIR, *critic)
     elif critic is not None and rank_zero:
@@ -135,7 +142,7 @@ def _save_critic(critic_dir: Path, critic: CriticModel, optimizer: torch.optim.O
     """An unsharded critic and its AdamW moments; returns the optimizer's param groups for the trainer state."""
     save_critic_model(critic, critic_dir)
     tensors, groups = _flatten_optimizer(optimizer)
-    save_file(tensors, critic_dir / "optimizer.safetensors")
+    save_safetensors(tensors, critic_dir / "optimizer.safetensors")
     return groups
 
 
@@ -151,7 +158,7 @@ def _commit(
     """Rank 0's part of a save: RNGs and trainer state into `tmp`, `tmp` renamed into place, `latest` updated, old
     steps pruned (`critic_keep`: old critics too; None when the run has none)."""
     final = step_dir(root, state.step)
-    save_file(_rng_tensors(), tmp / "rng.safetensors")
+    save_safetensors(_rng_tensors(), tmp / "rng.safetensors")
     trainer_state = {
         "step": state.step,
         "scheduler": state.scheduler,
@@ -186,23 +193,116 @@ def load_checkpoint(
     critic: tuple[CriticModel, torch.optim.Optimizer] | None = None,
 ) -> TrainingState:
     """Restore weights and optimizer (and the critic's) in place and the global RNGs; returns the rest for the
-    trainer to apply."""
+    trainer to apply. A truncated or corrupt file is a CheckpointError naming it, found before anything is loaded."""
     path = Path(path)
-    trainer_state = json.loads((path / "trainer_state.json").read_text())
-    if (path / SHARDED_DIR).is_dir():
-        load_sharded(path / SHARDED_DIR, model, optimizer)
-    else:
-        _load_unsharded(path, model, optimizer, trainer_state)
-    if critic is not None:
-        _load_critic(path, trainer_state, *critic)
-    _restore_rngs(load_file(path / "rng.safetensors"), trainer_state)
-    return TrainingState(
-        step=trainer_state["step"],
-        scheduler=trainer_state["scheduler"],
-        train_loader=trainer_state["train_loader"],
-        val_loader=trainer_state["val_loader"],
-        extra=trainer_state["extra"],
-    )
+    verify_checkpoint(path)
+    try:
+        trainer_state = json.loads((path / "trainer_state.json").read_text())
+        if (path / SHARDED_DIR).is_dir():
+            load_sharded(path / SHARDED_DIR, model, optimizer)
+        else:
+            _load_unsharded(path, model, optimizer, trainer_state)
+        if critic is not None:
+            _load_critic(path, trainer_state, *critic)
+        _restore_rngs(load_file(path / "rng.safetensors"), trainer_state)
+        return TrainingState(
+            step=trainer_state["step"],
+            scheduler=trainer_state["scheduler"],
+            train_loader=trainer_state["train_loader"],
+            val_loader=trainer_state["val_loader"],
+            extra=trainer_state["extra"],
+        )
+    except (OSError, KeyError, SafetensorError, CheckpointException) as e:  # what a damaged file raises mid-load
+        raise CheckpointError(f"checkpoint {path} cannot be loaded ({type(e).__name__}: {e})") from e
+
+
+def verify_checkpoint(path: Path) -> None:
+    """Every file of step directory `path` is there and whole, read without loading a tensor: each JSON file parsed,
+    each safetensors header checked against its file's size, each DCP directory's shards against its metadata. A
+    CheckpointError names the first file that is not."""
+    path = Path(path)
+    required = [path / "trainer_state.json", path / "rng.safetensors"]
+    if not (path / SHARDED_DIR).is_dir():
+        required.append(path / "optimizer.safetensors")
+    for file in required:
+        if not file.is_file():
+            raise CheckpointError(f"{file}: missing; {path} is not a complete checkpoint")
+    for file in sorted(path.rglob("*.json")):
+        try:
+            json.loads(file.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"{file}: not valid JSON ({e}); the file is truncated or corrupt") from None
+    for file in sorted(path.rglob("*.safetensors")):
+        try:
+            check_safetensors(file)
+        except ValueError as e:
+            raise CheckpointError(str(e)) from None
+    for sharded in (path / SHARDED_DIR, path / CRITIC_DIR / SHARDED_DIR):
+        if sharded.is_dir():
+            verify_sharded(sharded)
+    actor = path / "actor"
+    if not (path / SHARDED_DIR).is_dir() and not is_adapter_dir(actor):
+        try:
+            safetensors_files(actor)
+        except FileNotFoundError as e:
+            raise CheckpointError(str(e)) from None
+
+
+def warn_on_stderr(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def resume_candidates(root: Path, warn: Callable[[str], None] = warn_on_stderr) -> list[Path]:
+    """The step directories a resume may use, newest first: the one `latest` names and every one before it. An
+    unreadable `latest` file (or one naming a missing step) is warned about and every step directory is a candidate."""
+    latest = root / LATEST_FILE
+    if not latest.is_file():
+        return []
+    steps = sorted((int(m.group(1)) for p in root.iterdir() if (m := STEP_DIR.match(p.name))), reverse=True)
+    text = latest.read_text().strip()
+    if not text.isdigit() or not step_dir(root, int(text)).is_dir():
+        warn(f"{latest} holds {text!r}, not a saved step: looking for the newest usable checkpoint instead")
+        return [step_dir(root, s) for s in steps]
+    return [step_dir(root, s) for s in steps if s <= int(text)]
+
+
+def newest_usable_checkpoint(root: Path, warn: Callable[[str], None] = warn_on_stderr) -> Path | None:
+    """The newest candidate whose files all check out (`verify_checkpoint`); each skipped one is warned about."""
+    for path in resume_candidates(root, warn):
+        try:
+            verify_checkpoint(path)
+        except CheckpointError as e:
+            warn(f"skipping checkpoint {path}: {e}")
+            continue
+        return path
+    return None
+
+
+def load_latest_checkpoint(
+    root: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    critic: tuple[CriticModel, torch.optim.Optimizer] | None = None,
+    warn: Callable[[str], None] = warn_on_stderr,
+) -> tuple[Path, TrainingState] | None:
+    """`trainer.resume_mode=auto`: load the newest checkpoint under `root` that loads; None when there is none. One
+    with a truncated or corrupt file is skipped with a warning naming the file, and the one before it is loaded (a
+    load replaces every weight, moment and RNG state, so nothing of the failed one remains). A CheckpointError when
+    checkpoints exist and none loads: starting over would overwrite the run."""
+    failures = []
+    for path in resume_candidates(root, warn):
+        try:
+            state = load_checkpoint(path, model, optimizer, critic)
+        except CheckpointError as e:
+            failures.append(f"{path.name}: {e}")
+            warn(f"checkpoint {path} cannot be resumed, trying the one before it: {e}")
+            continue
+        if failures:
+            warn(f"resuming from {path}, the newest checkpoint that loads; {len(failures)} newer one(s) skipped")
+        return path, state
+    if failures:
+        raise CheckpointError(f"no checkpoint under {root} can be resumed: " + "; ".join(failures))
+    return None
 
 
 def _load_unsharded(

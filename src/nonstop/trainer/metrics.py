@@ -96,6 +96,12 @@ class MetricsLog:
         self.sinks = []
 
 
+def count_rows(run_dir: Path) -> int:
+    """The rows of `RUN_DIR/metrics.jsonl`: a resumed run's file holds the steps before the resume too."""
+    path = Path(run_dir) / "metrics.jsonl"
+    return sum(1 for line in path.read_text().splitlines() if line.strip()) if path.is_file() else 0
+
+
 def console_line(step: int, m: dict[str, float]) -> str:
     parts = [f"step {step}"]
     if "critic/score/mean" in m:

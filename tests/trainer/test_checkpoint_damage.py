@@ -1,0 +1,194 @@
+"""Damaged checkpoints: a truncated file is named and a resume falls back to the checkpoint before it; a crafted DCP
+metadata file is refused without running anything; exported weights are readable by other users."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import stat
+
+import pytest
+import torch
+from trainer_helpers import tiny_model
+
+from nonstop.cli import main
+from nonstop.dist.checkpoint import (
+    SHARDED_DIR,
+    CheckpointError,
+    SafeLoadPlanner,
+    load_sharded,
+    read_metadata,
+    save_sharded,
+)
+from nonstop.models.save import save_hf
+from nonstop.trainer import checkpoint as ckpt
+
+
+def trained(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """A tiny model after one AdamW step, so the optimizer has moments to save."""
+    model = tiny_model(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.lm_head.weight.sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def save_steps(root, steps=(2, 4)) -> dict[int, torch.nn.Module]:
+    """Checkpoints of different weights at each step; returns the model saved at each."""
+    saved = {}
+    for step in steps:
+        model, optimizer = trained(seed=step)
+        ckpt.save_checkpoint(root, ckpt.TrainingState(step, {}, None, None, {"seed": step}), model, optimizer)
+        saved[step] = model
+    return saved
+
+
+def truncate(path, keep: float = 0.5) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+def same_weights(a, b) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
+
+
+@pytest.mark.parametrize(
+    "damaged", ["actor/model.safetensors", "optimizer.safetensors", "trainer_state.json", "rng.safetensors"]
+)
+def test_a_truncated_file_is_named_and_resume_falls_back_to_the_checkpoint_before(tmp_path, damaged):
+    root = tmp_path / "checkpoints"
+    saved = save_steps(root)
+    truncate(root / "global_step_4" / damaged)
+    with pytest.raises(CheckpointError) as e:
+        ckpt.load_checkpoint(root / "global_step_4", *trained(seed=9))
+    assert str(root / "global_step_4" / damaged) in str(e.value)
+
+    warnings = []
+    model, optimizer = trained(seed=9)
+    path, state = ckpt.load_latest_checkpoint(root, model, optimizer, warn=warnings.append)
+    assert path == root / "global_step_2" and state.step == 2 and state.extra == {"seed": 2}
+    assert same_weights(model, saved[2])
+    assert len(warnings) == 2
+    assert str(root / "global_step_4" / damaged) in warnings[0] and "trying the one before it" in warnings[0]
+    assert "resuming from" in warnings[1] and "global_step_2" in warnings[1]
+
+
+def test_the_latest_checkpoint_loads_when_it_is_whole(tmp_path):
+    root = tmp_path / "checkpoints"
+    saved = save_steps(root)
+    warnings = []
+    model, optimizer = trained(seed=9)
+    path, state = ckpt.load_latest_checkpoint(root, model, optimizer, warn=warnings.append)
+    assert (path.name, state.step, warnings) == ("global_step_4", 4, [])
+    assert same_weights(model, saved[4])
+    assert ckpt.load_latest_checkpoint(tmp_path / "none", model, optimizer) is None
+
+
+def test_when_no_checkpoint_loads_the_resume_stops_instead_of_starting_over(tmp_path):
+    root = tmp_path / "checkpoints"
+    save_steps(root)
+    truncate(root / "global_step_4" / "optimizer.safetensors")
+    (root / "global_step_2" / "rng.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="no checkpoint under .* can be resumed: global_step_4: .*global_step_2"):
+        ckpt.load_latest_checkpoint(root, *trained(seed=9), warn=lambda _: None)
+
+
+def test_a_latest_file_naming_a_missing_step_falls_back_with_a_warning(tmp_path):
+    root = tmp_path / "checkpoints"
+    save_steps(root)
+    (root / ckpt.LATEST_FILE).write_text("7\n")
+    warnings = []
+    assert ckpt.resume_candidates(root, warnings.append) == [root / "global_step_4", root / "global_step_2"]
+    assert "holds '7', not a saved step" in warnings[0]
+
+
+def test_export_of_a_run_skips_a_damaged_latest_checkpoint(tmp_path, capsys):
+    root = tmp_path / "run" / "checkpoints"
+    saved = save_steps(root)
+    truncate(root / "global_step_4" / "actor" / "model.safetensors")
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "hf"), "--dtype", "float32"]) == 0
+    captured = capsys.readouterr()
+    assert "global_step_4" in captured.err and "model.safetensors" in captured.err
+    assert "global_step_2" in captured.out
+    from nonstop.models import load_hf_model
+
+    assert same_weights(load_hf_model(tmp_path / "hf"), saved[2])
+    # Named when the damaged step is exported directly.
+    assert main(["export", str(root / "global_step_4"), "--out", str(tmp_path / "o")]) == 2
+    assert "model.safetensors: not a complete safetensors file" in capsys.readouterr().err
+
+
+def test_saved_weights_have_an_ordinary_files_permissions(tmp_path):
+    old = os.umask(0o022)
+    try:
+        save_hf(tiny_model(), tmp_path / "hf")
+        save_steps(tmp_path / "checkpoints", steps=(1,))
+    finally:
+        os.umask(old)
+    for file in [tmp_path / "hf" / "model.safetensors", *(tmp_path / "checkpoints").rglob("*.safetensors")]:
+        assert stat.S_IMODE(file.stat().st_mode) == 0o644, file
+
+
+class _CreatesMarker:
+    """A pickle that, when loaded by an ordinary unpickler, creates a file."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def sharded_checkpoint(tmp_path):
+    """A one-process DCP checkpoint (what several ranks write), in a step directory nonstop export reads."""
+    step = tmp_path / "run" / "checkpoints" / "global_step_1"
+    model, optimizer = trained(seed=1)
+    save_sharded(step / SHARDED_DIR, model, optimizer)
+    from nonstop.models.save import save_hf_config
+
+    save_hf_config(model.config, step / "actor", torch.float32)
+    return step, model
+
+
+def test_a_crafted_dcp_metadata_file_is_refused_without_running_it(tmp_path, capsys):
+    step, model = sharded_checkpoint(tmp_path)
+    assert {k.removeprefix("model.") for k in read_metadata(step / SHARDED_DIR).state_dict_metadata} >= {
+        name for name, _ in model.named_parameters()
+    }
+    marker = tmp_path / "marker"
+    (step / SHARDED_DIR / ".metadata").write_bytes(pickle.dumps(_CreatesMarker(marker)))
+    with pytest.raises(CheckpointError, match=r"\.metadata: not a usable DCP metadata file .*io\.open"):
+        read_metadata(step / SHARDED_DIR)
+    assert main(["export", str(step), "--out", str(tmp_path / "hf")]) == 2
+    assert ".metadata: not a usable DCP metadata file" in capsys.readouterr().err
+    with pytest.raises(CheckpointError, match="not a usable DCP metadata file"):  # what a resume loads
+        load_sharded(step / SHARDED_DIR, *trained(seed=2))
+    assert not marker.exists()
+
+
+def test_dcp_non_tensor_entries_are_read_without_running_code(tmp_path):
+    marker = tmp_path / "marker"
+    import io
+
+    payload = io.BytesIO()
+    torch.save(_CreatesMarker(marker), payload)
+    payload.seek(0)
+
+    class Item:
+        class dest_index:
+            fqn = "optimizer.param_groups.0.lr"
+
+    with pytest.raises(CheckpointError, match="optimizer.param_groups.0.lr.*refused"):
+        SafeLoadPlanner().load_bytes(Item, payload)
+    assert not marker.exists()
+
+
+def test_a_sharded_checkpoint_still_exports_the_weights_it_holds(tmp_path, capsys):
+    step, model = sharded_checkpoint(tmp_path)
+    assert main(["export", str(step), "--out", str(tmp_path / "hf"), "--dtype", "float32"]) == 0
+    from nonstop.models import load_hf_model
+
+    assert same_weights(load_hf_model(tmp_path / "hf"), model)
+    truncate(next((step / SHARDED_DIR).glob("*.distcp")))
+    assert main(["export", str(step), "--out", str(tmp_path / "hf2")]) == 2
+    assert ".distcp: truncated" in capsys.readouterr().err
