@@ -1,4 +1,5 @@
-"""Synthetic run directories for doctor tests: a healthy baseline with one bottleneck planted on top."""
+"""Synthetic run directories for doctor tests: a healthy baseline with one bottleneck planted on top. The machine is
+an H200 host with 16 cores unless a test says otherwise (`host=`)."""
 
 import json
 from pathlib import Path
@@ -42,6 +43,7 @@ BASE_METRICS = {
     "rollout/num_preemptions": 0.0,
     "rollout/prompt_tokens": 6400.0,
     "rollout/prefill_tokens": 6400.0,
+    "rollout/peak_running_seqs": 64.0,  # the 64 prompts x n=1 all at once, under max_num_seqs=256
     "actor/micro_batch_tokens_mean": 12000.0,
     "actor/num_micro_batches": 4.0,
     "actor/pad_frac": 0.0,
@@ -50,9 +52,19 @@ BASE_METRICS = {
     "response_length/max": 600.0,
     "reward/busy_s": 3.0,
     "reward/wall_s": 5.0,
+    "reward/critical_path_s": 0.2,
     "reward/num_scored": 64.0,
     "reward/timeouts": 0.0,
 }
+
+
+def overrides(finding) -> list[dict]:
+    """The `key=value` overrides of each change a finding proposes."""
+    return [c.overrides for c in finding.changes]
+
+
+def keys(finding) -> set[str]:
+    return {key for c in finding.changes for key in c.overrides}
 
 
 def nested(dotted: dict) -> dict:
@@ -66,13 +78,23 @@ def nested(dotted: dict) -> dict:
     return tree
 
 
-def write_run(run_dir: Path, config: dict | None = None, metrics: dict | None = None, summary=None) -> Path:
+GPU_HOST = {"device": "cuda", "device_name": "NVIDIA H200", "cpu_cores": 16}
+CPU_HOST = {"device": "cpu", "device_name": "x86_64", "cpu_cores": 2}
+
+
+def write_run(
+    run_dir: Path, config: dict | None = None, metrics: dict | None = None, summary=None, host: dict | None = GPU_HOST
+) -> Path:
+    """`metrics` override the baseline's in every step (None removes a key); `host=None` writes no host.json."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(nested({**BASE_CONFIG, **(config or {})})))
     rows = [{"step": 0, "val/test/score": 0.1}]  # a validation row before training: not a training step
-    rows += [{"step": s, **BASE_METRICS, **(metrics or {})} for s in range(1, NUM_STEPS + 1)]
+    step = {k: v for k, v in {**BASE_METRICS, **(metrics or {})}.items() if v is not None}
+    rows += [{"step": s, **step} for s in range(1, NUM_STEPS + 1)]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run_dir / "profile").mkdir(exist_ok=True)
     if summary is not None:
-        (run_dir / "profile").mkdir(exist_ok=True)
         (run_dir / "profile" / "summary.json").write_text(json.dumps(summary))
+    if host is not None:
+        (run_dir / "profile" / "host.json").write_text(json.dumps(host))
     return run_dir

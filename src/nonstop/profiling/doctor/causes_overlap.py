@@ -1,28 +1,25 @@
 """The overlap modes on shared GPUs (`trainer.mode=one_step_off|async`, colocated): the trainer waiting for the
-rollouter.
-
-There the step's phases mean something else than in `sync`: generation runs all the time on its own stream, and the
-trainer's `timing_s/gen` is its wait for the next block (async); one_step_off waits inside `timing_s/update_weights`
-instead (as async does with `partial_rollout=false`), where publishing first lets the in-flight block finish on the
-old weights (the copy itself takes milliseconds). While the trainer waits only decode runs, so the GPU time lost is
-the wait times the share of it the GPU was idle: `perf/gpu_util/<phase>` (NVML) or the kernel trace of a profiled
-step. The long tail and a short KV cache slow the rollouter, so in these modes their cost is part of the wait and
-their own findings stand aside. Which change helps depends on whether the rollouter was busy (generation is the
-slower side: more decode work per step, decode ahead of the update) or itself waiting (`rollouter/idle_ratio`: the
-staleness bound held its admission back).
-"""
+rollouter, costed at the share of the wait the GPU was idle (only decode runs then). docs/tuning-idle.md explains
+which phase holds the wait in each mode and why the long-tail and KV findings stand aside for it."""
 
 from __future__ import annotations
 
+from nonstop.profiling.doctor import decode_batch
+from nonstop.profiling.doctor.change import Change
 from nonstop.profiling.doctor.finding import CLEAR, FOUND, NO_DATA, Finding, more_kv_memory, pct, phase_efficiency
 from nonstop.profiling.doctor.run_data import RunData
+from nonstop.profiling.metric_names import ROLLOUT_KV_BLOCKED_FRAC, ROLLOUT_NUM_PREEMPTIONS
 from nonstop.profiling.phases import timing_key
 
 OVERLAP_MODES = ("one_step_off", "async")
 ROLLOUTER_IDLE = "rollouter/idle_ratio"
-KV_BLOCKED, PREEMPTIONS = "rollout/kv_blocked_frac", "rollout/num_preemptions"
 # A rollouter idle more than this share of the time was held back by the staleness bound, not short of speed.
 ROLLOUTER_HELD_BACK = 0.2
+ONE_STEP_OFF = Change(
+    {"trainer.mode": "one_step_off"},
+    "the next step generates while this one scores and trains: their work fills the idle",
+)
+STREAM_PRIORITY = "async_training.rollout_stream_priority"
 
 
 def colocated_overlap(run: RunData) -> bool:
@@ -47,7 +44,7 @@ def wait_phase(run: RunData) -> str:
 
 
 def overlap_wait(run: RunData) -> Finding:
-    f = Finding("overlap_wait", "trainer waiting for the rollouter on the same GPU(s)", CLEAR)
+    f = Finding("overlap_wait", "trainer waiting for the rollouter on shared devices", CLEAR)
     mode = run.cfg("trainer.mode", "sync")
     if not colocated_overlap(run):
         f.evidence.append(f"trainer.mode={mode}, placement {run.cfg('trainer.placement', 'colocate')}: not this case")
@@ -75,36 +72,41 @@ def overlap_wait(run: RunData) -> Finding:
         f.evidence.append(f"{ROLLOUTER_IDLE} {pct(rollouter_idle)}")
     # The long tail and a short KV cache slow the rollouter, so here their cost is part of this wait (their own
     # findings stand aside in these modes); a KV shortage keeps its own change.
-    blocked, preempted = run.mean(KV_BLOCKED) or 0.0, run.total(PREEMPTIONS)
+    blocked, preempted = run.mean(ROLLOUT_KV_BLOCKED_FRAC) or 0.0, run.total(ROLLOUT_NUM_PREEMPTIONS)
     if blocked > 0 or preempted > 0:
         f.evidence.append(
-            f"{KV_BLOCKED} {pct(blocked)} of the rollouter's steps, "
+            f"{ROLLOUT_KV_BLOCKED_FRAC} {pct(blocked)} of the rollouter's steps, "
             f"{preempted / len(run.steps):.0f} preemptions per step"
         )
         change = more_kv_memory(run)
         if change is not None:
-            f.changes.append(f"{change}  (the rollouter ran short of KV blocks)")
+            f.changes.append(change)
     if rollouter_idle is not None and rollouter_idle > ROLLOUTER_HELD_BACK:
         # The rollouter had nothing it was allowed to start: more blocks in flight.
         if mode == "async":
             staleness = int(run.cfg("async_training.max_staleness", 1))
             f.changes.append(
-                f"async_training.max_staleness={staleness + 1}  (the rollouter waited for admission: the bound "
-                "held it back)"
+                Change({"async_training.max_staleness": staleness + 1}, "the rollouter waited for admission")
             )
         else:
-            f.changes.append("trainer.mode=async async_training.max_staleness=2  (more blocks in flight)")
+            f.changes.append(
+                Change({"trainer.mode": "async", "async_training.max_staleness": 2}, "more blocks in flight")
+            )
         return f
     # The rollouter was busy and still slower than the trainer: generation is the slower side of the shared GPU.
-    # (Not trainer.mode=async from one_step_off: on a shared GPU async adds a pause at every publish and decodes
-    # through the whole update; measured on one H200 it only matched sync where one_step_off gained 1.15-1.27x.)
-    seqs = int(run.cfg("actor_rollout_ref.rollout.max_num_seqs", 256))
-    f.changes.append(
-        f"actor_rollout_ref.rollout.max_num_seqs={2 * seqs}  (more sequences per decode step: more tokens per second "
-        "from the SMs the update leaves)"
-    )
-    if run.cfg("async_training.rollout_stream_priority", "normal") != "high":
-        f.changes.append("async_training.rollout_stream_priority=high  (decode dispatched ahead of the update)")
+    # Not trainer.mode=async from one_step_off: on a shared GPU async adds a pause at every publish and decodes
+    # through the whole update, and was no faster than sync there (docs/modes.md).
+    batch = decode_batch.decode_batch(run, run.num_gpus)
+    if batch is not None:
+        f.evidence.append(decode_batch.evidence(batch))
+        more = decode_batch.more_sequences(batch)
+        if more is not None:
+            f.changes.append(more)
+        else:
+            f.notes.append(decode_batch.bound(batch, run.unit))
+    if run.cfg(STREAM_PRIORITY, "normal") != "high":
+        f.changes.append(Change({STREAM_PRIORITY: "high"}, "decode dispatched ahead of the update"))
     if run.num_gpus >= 2:
-        f.changes.append("trainer.placement=split  (generation on GPUs of its own: docs/multi-gpu.md)")
+        # The shared run does not measure how the work would divide, so no rollout_n_gpus can be derived from it.
+        f.notes.append("on several GPUs, trainer.placement=split gives generation GPUs of its own (docs/multi-gpu.md)")
     return f
