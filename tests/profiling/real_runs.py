@@ -14,11 +14,11 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "trainer"))
+from run_helpers import assert_reads_back, command_line, one_thread  # noqa: E402
 from trainer_helpers import VOCAB, FixedPrompts, make_trainer, tiny_run_config  # noqa: E402
 
 from nonstop.data import TokenizedPrompt  # noqa: E402
 from nonstop.profiling.doctor import diagnose, load_run  # noqa: E402
-from nonstop.profiling.doctor.change import format_value  # noqa: E402
 from nonstop.rewards import RewardPool  # noqa: E402
 from nonstop.rollout import LLM  # noqa: E402
 
@@ -41,17 +41,10 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 @contextlib.contextmanager
 def cheap_runs():
-    """No PNG plots (seconds per run, and not what these tests check) and one intra-op thread: the tiny model's ops
-    take microseconds, and on a loaded machine every op of a multi-threaded torch waited for its threads (4x slower
-    runs on a shared 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr("nonstop.profiling.run_profiler.write_plots", lambda *args: [])
-            yield
-    finally:
-        torch.set_num_threads(threads)
+    """No PNG plots (seconds per run, and not what these tests check), one intra-op thread (`one_thread`)."""
+    with one_thread(), pytest.MonkeyPatch.context() as patch:
+        patch.setattr("nonstop.profiling.run_profiler.write_plots", lambda *args: [])
+        yield
 
 
 def real_run(run_dir: Path, overrides: tuple[str, ...], plant=None, validate: bool = False) -> Path:
@@ -91,13 +84,8 @@ def change_of(finding: dict, key: str) -> dict:
 def applied(overrides: tuple[str, ...], change: dict) -> tuple[str, ...]:
     """`overrides` with the change's keys replaced, checked through the config loader as `nonstop train` would."""
     kept = tuple(o for o in overrides if o.split("=", 1)[0] not in change)
-    result = (*kept, *(f"{key}={format_value(value)}" for key, value in change.items()))
-    config = tiny_run_config("unused", result)
-    for key, value in change.items():
-        node = config
-        for part in key.split("."):
-            node = getattr(node, part)
-        assert node == value, f"{key}={format_value(value)} read back as {node!r}"
+    result = (*kept, *command_line(change))
+    assert_reads_back(tiny_run_config("unused", result), change)
     return result
 
 

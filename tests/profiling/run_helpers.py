@@ -1,10 +1,15 @@
 """Synthetic run directories for doctor tests: a healthy baseline with one bottleneck planted on top. The machine is
 an H200 host with 16 cores unless a test says otherwise (`host=`)."""
 
+import contextlib
 import json
 from pathlib import Path
 
+import torch
 import yaml
+
+from nonstop.config import load_config
+from nonstop.profiling.doctor.change import format_value
 
 NUM_STEPS = 5
 
@@ -58,6 +63,27 @@ BASE_METRICS = {
 }
 
 
+def applied(config: dict, change) -> dict:
+    """`config` (dotted keys over BASE_CONFIG) with the change's overrides, checked through the config loader as
+    `nonstop train KEY=VALUE ...` would read them."""
+    result = {**config, **change.overrides}
+    assert_reads_back(load_config(None, command_line({**BASE_CONFIG, **result})), change.overrides)
+    return result
+
+
+def command_line(dotted: dict) -> list[str]:
+    return [f"{key}={format_value(value)}" for key, value in dotted.items()]
+
+
+def assert_reads_back(loaded, dotted: dict) -> None:
+    """Each `key=value` came out of the loader as that value."""
+    for key, value in dotted.items():
+        node = loaded
+        for part in key.split("."):
+            node = getattr(node, part)
+        assert node == value, f"{key}={format_value(value)} read back as {node!r}"
+
+
 def overrides(finding) -> list[dict]:
     """The `key=value` overrides of each change a finding proposes."""
     return [c.overrides for c in finding.changes]
@@ -65,6 +91,18 @@ def overrides(finding) -> list[dict]:
 
 def keys(finding) -> set[str]:
     return {key for c in finding.changes for key in c.overrides}
+
+
+@contextlib.contextmanager
+def one_thread():
+    """One intra-op thread: the tiny model's ops take microseconds, and on a loaded machine every op of a
+    multi-threaded torch waited for its threads (runs 4x slower on a shared 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def nested(dotted: dict) -> dict:

@@ -66,6 +66,22 @@ def test_applying_the_change_shrinks_the_cause(planted, cause, tmp_path):
         assert measured(after_run, "timing_s/update_actor") < measured(run, "timing_s/update_actor")
 
 
+def test_fixed_one_sample_micro_batches_get_token_budget_micro_batches(tmp_path):
+    overrides = (
+        "actor_rollout_ref.actor.use_dynamic_bsz=False",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+    )
+    with cheap_runs():
+        before = report(real_run(tmp_path / "run", overrides))["tiny_micro_batches"]
+        change = change_of(before, "actor_rollout_ref.actor.use_dynamic_bsz")
+        after = report(real_run(tmp_path / "applied", applied(overrides, change)))["tiny_micro_batches"]
+    assert change == {
+        "actor_rollout_ref.actor.use_dynamic_bsz": True,
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 16384,
+    }
+    assert after["share"] < before["share"]
+
+
 # -- a slow reward function -----------------------------------------------------------------------------------------
 
 

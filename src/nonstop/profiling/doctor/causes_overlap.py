@@ -43,6 +43,12 @@ def wait_phase(run: RunData) -> str:
     return "update_weights" if drains else "gen"
 
 
+def overlap_wait_missing(run: RunData) -> list[str]:
+    """What `overlap_wait` needs and the run lacks: the wait phase's time and the GPU's busy share in it."""
+    phase = wait_phase(run)
+    return [m for m in (timing_key(phase), f"perf/gpu_util/{phase}") if not run.has(m)] or ["a GPU run"]
+
+
 def overlap_wait(run: RunData) -> Finding:
     f = Finding("overlap_wait", "trainer waiting for the rollouter on shared devices", CLEAR)
     mode = run.cfg("trainer.mode", "sync")
@@ -54,7 +60,7 @@ def overlap_wait(run: RunData) -> Finding:
     measured = phase_efficiency(run, phase)
     if measured is None or not run.has(key):
         f.status = NO_DATA
-        f.missing = [m for m in (key, f"perf/gpu_util/{phase}") if not run.has(m)]
+        f.missing = overlap_wait_missing(run)
         return f
     busy, source = measured
     wait = run.total(key)
@@ -104,8 +110,9 @@ def overlap_wait(run: RunData) -> Finding:
             f.changes.append(more)
         else:
             f.notes.append(decode_batch.bound(batch, run.unit))
-    if run.cfg(STREAM_PRIORITY, "normal") != "high":
-        f.changes.append(Change({STREAM_PRIORITY: "high"}, "decode dispatched ahead of the update"))
+    if run.cfg(STREAM_PRIORITY) != "high":
+        # Its gain is small and not predictable from the run's numbers: a note, not a change (docs/modes.md).
+        f.notes.append(f"{STREAM_PRIORITY}=high dispatches decode ahead of the update: worth a try, a small gain")
     if run.num_gpus >= 2:
         # The shared run does not measure how the work would divide, so no rollout_n_gpus can be derived from it.
         f.notes.append("on several GPUs, trainer.placement=split gives generation GPUs of its own (docs/multi-gpu.md)")

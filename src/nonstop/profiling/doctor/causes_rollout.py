@@ -4,7 +4,12 @@ between the engine's kernels."""
 from __future__ import annotations
 
 from nonstop.profiling.doctor import decode_batch
-from nonstop.profiling.doctor.causes_overlap import ONE_STEP_OFF, colocated_overlap, overlap_accounts
+from nonstop.profiling.doctor.causes_overlap import (
+    ONE_STEP_OFF,
+    colocated_overlap,
+    overlap_accounts,
+    overlap_wait_missing,
+)
 from nonstop.profiling.doctor.causes_placement import ROLLOUTER_IDLE, colocated_split_change
 from nonstop.profiling.doctor.change import Change
 from nonstop.profiling.doctor.finding import (
@@ -65,6 +70,11 @@ def generation_long_tail(run: RunData) -> Finding:
     if overlap_accounts(run):
         f.status = CLEAR
         f.evidence.append(f"trainer.mode={run.cfg('trainer.mode')}: the tail overlaps training; see overlap_wait")
+        return f
+    if colocated_overlap(run):
+        # The tail overlaps training there: what it costs is the idle share of the trainer's wait, not measured.
+        f.evidence.append(f"trainer.mode={run.cfg('trainer.mode')}: the tail overlaps training; see overlap_wait")
+        f.missing = overlap_wait_missing(run)
         return f
     pairs, gpus, needed = _generation_per_step(run)
     if not pairs:

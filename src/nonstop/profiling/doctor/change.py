@@ -17,7 +17,6 @@ RECOMMENDED_KEYS = frozenset(
         "trainer.test_freq",
         "trainer.save_freq",
         "async_training.max_staleness",
-        "async_training.rollout_stream_priority",
         "actor_rollout_ref.rollout.max_num_seqs",
         "actor_rollout_ref.rollout.enforce_eager",
         "actor_rollout_ref.rollout.gpu_memory_utilization",
