@@ -358,7 +358,8 @@ def test_colocated_async_wait_is_the_trainer_waiting_for_the_rollouter(tmp_path)
     assert findings["generation_host_gaps"].status == "clear"
     # 64 sequences at the peak, under max_num_seqs=256: not the cap, so no larger cap, and what bounds it instead.
     assert wait.changes == []
-    assert "latency-bound decoding" in wait.notes[0] and "rollout_stream_priority=high" in wait.notes[1]
+    assert "latency-bound: a decode step costs about the same" in wait.notes[0]
+    assert "rollout_stream_priority=high" in wait.notes[1]
     # A rollouter idle half the time was held back by the bound: one more version of staleness.
     held = {**metrics, "rollouter/idle_ratio": 0.5}
     wait = next(f for f in ranked(write_run(tmp_path / "held", config, held)) if f.cause == "overlap_wait")

@@ -57,7 +57,8 @@ def test_a_batch_under_the_cap_is_latency_bound_and_a_larger_cap_changes_nothing
     before = planted(tmp_path, config, metrics)
     gaps = finding(before, "generation_host_gaps")
     assert gaps.status == "found" and MAX_NUM_SEQS not in {k for o in overrides(gaps) for k in o}
-    assert "latency-bound decoding" in gaps.notes[0] and "never filled max_num_seqs=256" in gaps.notes[0]
+    assert "latency-bound: a decode step costs about the same" in gaps.notes[0]
+    assert "never filled max_num_seqs=256, so raising it changes nothing" in gaps.notes[0]
     assert any("64 sequences at the peak (max_num_seqs=256, 64 offered" in e for e in gaps.evidence)
     # What the old advice, max_num_seqs=512, would have done: the same engine steps, the same share.
     old_advice = {**config, MAX_NUM_SEQS: 512}

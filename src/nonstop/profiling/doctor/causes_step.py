@@ -189,7 +189,7 @@ def _less_often(run: RunData, f: Finding, key: str, phase: str) -> None:
         f.changes.append(
             Change(
                 {key: 2 * freq},
-                f"{len(kept)} of the {len(ran)} steps that ran it would, {len(ran) - len(kept)} would not",
+                f"it would run at {len(kept)} of the {len(ran)} steps it ran at (every {2 * freq} and the last)",
             )
         )
     else:

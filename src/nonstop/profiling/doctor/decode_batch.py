@@ -15,9 +15,11 @@ DEFAULT_MAX_NUM_SEQS = 256
 AT_CAP_STEPS = 0.5
 # Above this share of generation time short of KV blocks, the cache bounds the batch, not the cap.
 KV_BOUND = 0.05
+# Below this many sequences a decode step is latency-bound on a GPU (docs/tuning-idle.md).
+LATENCY_BOUND_BELOW = 256
 LATENCY_BOUND = (
-    "a decode step costs about the same at 8 sequences as at 256 (each step reads the weights once, whatever the "
-    "batch), so a small batch leaves the device idle between short kernels"
+    "latency-bound: a decode step costs about the same at 8 sequences as at 256 (each reads the weights once, "
+    "whatever the batch), so a small batch leaves the device idle between short kernels"
 )
 FUTURE_CURES = "speculative decoding and carrying unfinished sequences into the next step would too (not yet options)"
 
@@ -79,9 +81,10 @@ def bound(batch: DecodeBatch, unit: str) -> str:
     if batch.at_cap >= AT_CAP_STEPS:
         limit = f"all {batch.offered} sequences of the step fit under max_num_seqs={batch.cap}"
     else:
-        limit = f"the batch never filled max_num_seqs={batch.cap}: raising it changes nothing"
+        limit = f"the batch never filled max_num_seqs={batch.cap}, so raising it changes nothing"
+    why = f"; {LATENCY_BOUND}" if batch.peak < LATENCY_BOUND_BELOW else ""
     return (
-        f"latency-bound decoding on the {unit}: {limit}; {LATENCY_BOUND}. More sequences per step (data."
-        f"train_batch_size x rollout.n: a different recipe) or overlapping generation with training fill it; "
-        f"{FUTURE_CURES}"
+        f"decoding bounded by the sequences the step offers: {limit}{why}. More sequences per step "
+        f"(data.train_batch_size x rollout.n: a different recipe) or overlapping generation with training fill the "
+        f"{unit}; {FUTURE_CURES}"
     )
