@@ -102,14 +102,7 @@ def overlap_wait(run: RunData) -> Finding:
     # The rollouter was busy and still slower than the trainer: generation is the slower side of the shared GPU.
     # Not trainer.mode=async from one_step_off: on a shared GPU async adds a pause at every publish and decodes
     # through the whole update, and was no faster than sync there (docs/modes.md).
-    batch = decode_batch.decode_batch(run, run.num_gpus)
-    if batch is not None:
-        f.evidence.append(decode_batch.evidence(batch))
-        more = decode_batch.more_sequences(batch)
-        if more is not None:
-            f.changes.append(more)
-        else:
-            f.notes.append(decode_batch.bound(batch, run.unit))
+    decode_batch.advise(run, f)
     if run.cfg(STREAM_PRIORITY) != "high":
         # Its gain is small and not predictable from the run's numbers: a note, not a change (docs/modes.md).
         f.notes.append(f"{STREAM_PRIORITY}=high dispatches decode ahead of the update: worth a try, a small gain")

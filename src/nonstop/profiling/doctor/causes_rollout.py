@@ -205,16 +205,8 @@ def generation_host_gaps(run: RunData) -> Finding:
         f.changes.append(
             Change({"actor_rollout_ref.rollout.enforce_eager": False}, "decode under CUDA graphs: one launch a step")
         )
-    batch = decode_batch.decode_batch(run, run.num_gpus)
-    if batch is None:
+    if not decode_batch.advise(run, f):
         f.missing.append(ROLLOUT_PEAK_RUNNING_SEQS)
-    else:
-        f.evidence.append(decode_batch.evidence(batch))
-        more = decode_batch.more_sequences(batch)
-        if more is not None:
-            f.changes.append(more)
-        else:
-            f.notes.append(decode_batch.bound(batch, run.unit))
     if run.cfg("trainer.mode", "sync") == "sync":
         f.changes.append(ONE_STEP_OFF)
     return f

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nonstop.profiling.doctor.change import Change
+from nonstop.profiling.doctor.finding import Finding
 from nonstop.profiling.doctor.run_data import RunData
 from nonstop.profiling.metric_names import ROLLOUT_KV_BLOCKED_FRAC, ROLLOUT_PEAK_RUNNING_SEQS
 
@@ -88,3 +89,18 @@ def bound(batch: DecodeBatch, unit: str) -> str:
         f"(data.train_batch_size x rollout.n: a different recipe) or overlapping generation with training fill the "
         f"{unit}; {FUTURE_CURES}"
     )
+
+
+def advise(run: RunData, f: Finding) -> bool:
+    """Add the decode batch's evidence to `f`, with a larger cap as its change or what bounds it as a note; False
+    when the run did not record the peak."""
+    batch = decode_batch(run, run.num_gpus)
+    if batch is None:
+        return False
+    f.evidence.append(evidence(batch))
+    more = more_sequences(batch)
+    if more is not None:
+        f.changes.append(more)
+    else:
+        f.notes.append(bound(batch, run.unit))
+    return True
