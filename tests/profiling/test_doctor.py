@@ -63,6 +63,17 @@ def test_reward_wait_a_single_sample_long_asks_for_a_faster_scorer_not_workers(t
     assert any("already take scoring off the critical path" in n and "faster scorer" in n for n in first.notes)
 
 
+def test_reward_workers_that_would_not_cut_the_wait_are_not_proposed(tmp_path):
+    # 10 samples x 1 s at once on 5 workers: 2 rounds. The 6 cores allow 6 workers: still 2 rounds.
+    config = {"reward_model.num_workers": 5}
+    metrics = {"timing_s/reward": 2.0, "reward/busy_s": 10.0, "reward/num_scored": 10.0}
+    metrics |= {"reward/wall_s": 2.0, "reward/critical_path_s": 2.0}
+    host = {"device": "cuda", "cpu_cores": 6}
+    first = ranked(write_run(tmp_path, config, metrics, host=host))[0]
+    assert "reward_model.num_workers" not in keys(first)
+    assert "6 workers would leave 2.00 s of the 2.00 s wait" in first.notes[0]
+
+
 def test_reward_workers_without_a_recorded_core_count_say_what_they_assume(tmp_path):
     metrics = {"timing_s/reward": 6.0, "reward/busy_s": 40.0, "reward/num_scored": 64.0, "reward/wall_s": 6.0}
     metrics["reward/critical_path_s"] = 6.0

@@ -24,7 +24,7 @@ STREAM_PRIORITY = "async_training.rollout_stream_priority"
 
 def colocated_overlap(run: RunData) -> bool:
     """An overlap mode with generation and training on the same GPUs: the phases `overlap_wait` accounts for."""
-    return run.cfg("trainer.mode", "sync") in OVERLAP_MODES and run.cfg("trainer.placement", "colocate") != "split"
+    return run.cfg("trainer.mode") in OVERLAP_MODES and run.cfg("trainer.placement") != "split"
 
 
 def overlap_accounts(run: RunData) -> bool:
@@ -39,7 +39,7 @@ def overlap_accounts(run: RunData) -> bool:
 def wait_phase(run: RunData) -> str:
     """The phase the trainer waits for the rollouter in: the publish when it drains the in-flight block first
     (one_step_off, or async with `partial_rollout=false`), else the block hand-off."""
-    drains = run.cfg("trainer.mode") == "one_step_off" or run.cfg("async_training.partial_rollout", True) is False
+    drains = run.cfg("trainer.mode") == "one_step_off" or run.cfg("async_training.partial_rollout") is False
     return "update_weights" if drains else "gen"
 
 
@@ -51,9 +51,9 @@ def overlap_wait_missing(run: RunData) -> list[str]:
 
 def overlap_wait(run: RunData) -> Finding:
     f = Finding("overlap_wait", "trainer waiting for the rollouter on shared devices", CLEAR)
-    mode = run.cfg("trainer.mode", "sync")
+    mode = run.cfg("trainer.mode")
     if not colocated_overlap(run):
-        f.evidence.append(f"trainer.mode={mode}, placement {run.cfg('trainer.placement', 'colocate')}: not this case")
+        f.evidence.append(f"trainer.mode={mode}, placement {run.cfg('trainer.placement')}: not this case")
         return f
     phase = wait_phase(run)
     key = timing_key(phase)
@@ -90,7 +90,7 @@ def overlap_wait(run: RunData) -> Finding:
     if rollouter_idle is not None and rollouter_idle > ROLLOUTER_HELD_BACK:
         # The rollouter had nothing it was allowed to start: more blocks in flight.
         if mode == "async":
-            staleness = int(run.cfg("async_training.max_staleness", 1))
+            staleness = int(run.cfg("async_training.max_staleness"))
             f.changes.append(
                 Change({"async_training.max_staleness": staleness + 1}, "the rollouter waited for admission")
             )

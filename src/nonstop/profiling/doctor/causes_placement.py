@@ -35,7 +35,7 @@ def colocated_split_change(run: RunData, tail_idle_s: float) -> Change | None:
     shorter."""
     n = run.num_gpus
     gen_key, step_key = timing_key("gen"), timing_key(STEP)
-    if n < 2 or run.cfg("trainer.placement", "colocate") == "split" or not run.steps or not run.has(gen_key):
+    if n < 2 or run.cfg("trainer.placement") == "split" or not run.steps or not run.has(gen_key):
         return None
     steps = len(run.steps)
     gen = run.total(gen_key) / steps
@@ -53,7 +53,7 @@ def colocated_split_change(run: RunData, tail_idle_s: float) -> Change | None:
 
 def split_balance(run: RunData) -> Finding:
     f = Finding("split_balance", "unbalanced split placement", NO_DATA)
-    if run.cfg("trainer.placement", "colocate") != "split":
+    if run.cfg("trainer.placement") != "split":
         f.status = CLEAR
         f.evidence.append("colocated placement: see the long-tail finding for a split to try")
         return f
@@ -61,7 +61,7 @@ def split_balance(run: RunData) -> Finding:
     if not rows:
         f.missing = [m for m in (TRAINER_IDLE, ROLLOUTER_IDLE) if not run.has(m)]
         return f
-    n, r = run.num_gpus, int(run.cfg("trainer.rollout_n_gpus", 1))
+    n, r = run.num_gpus, int(run.cfg("trainer.rollout_n_gpus"))
     step_key = timing_key(STEP)
     step = sum(row[step_key] for row in rows) / len(rows)
     trainer_idle = sum(row[TRAINER_IDLE] for row in rows) / len(rows)

@@ -54,7 +54,7 @@ def _generation_per_step(run: RunData) -> tuple[list[tuple[float, float]], int, 
     """(generation seconds, `rollout/tail_frac`) per step, the GPUs that generate, and the metrics needed. Under
     split placement `timing_s/gen` is the trainer's wait for a block, not generation: the rollout GPUs generate for
     the step's busy share, `timing_s/step` x (1 - `rollouter/idle_ratio`)."""
-    if run.cfg("trainer.placement", "colocate") != "split":
+    if run.cfg("trainer.placement") != "split":
         return _per_step(run, ROLLOUT_TAIL_FRAC), run.num_gpus, [GEN, ROLLOUT_TAIL_FRAC]
     needed = [STEP_KEY, ROLLOUTER_IDLE, ROLLOUT_TAIL_FRAC]
     pairs = [
@@ -62,7 +62,7 @@ def _generation_per_step(run: RunData) -> tuple[list[tuple[float, float]], int, 
         for r in run.steps
         if all(r.get(m) is not None for m in needed)
     ]
-    return pairs, int(run.cfg("trainer.rollout_n_gpus", 1)), needed
+    return pairs, int(run.cfg("trainer.rollout_n_gpus")), needed
 
 
 def generation_long_tail(run: RunData) -> Finding:
@@ -96,7 +96,7 @@ def generation_long_tail(run: RunData) -> Finding:
         f.evidence.append(f"response_length/max {longest:.0f} vs mean {mean:.0f} tokens ({longest / mean:.1f}x)")
     if f.status != FOUND:
         return f
-    mode = run.cfg("trainer.mode", "sync")
+    mode = run.cfg("trainer.mode")
     if mode == "sync":
         f.changes = [ONE_STEP_OFF]
         if run.num_gpus >= 2:  # async pays off with GPUs of its own; on a shared one it was no faster than sync
@@ -108,7 +108,7 @@ def generation_long_tail(run: RunData) -> Finding:
         f.changes = [ASYNC]
     else:
         f.notes.append(
-            f"already async: shorter responses (data.max_response_length={run.cfg('data.max_response_length', '?')} "
+            f"already async: shorter responses (data.max_response_length={run.cfg('data.max_response_length')} "
             f"caps them) shorten the tail; {decode_batch.FUTURE_CURES}"
         )
     return f
@@ -134,7 +134,7 @@ def kv_cache_too_small(run: RunData) -> Finding:
         )
     else:
         # Only the count: each preempted sequence is recomputed, roughly one wave of the batch per batch-size worth.
-        samples = int(run.cfg("data.train_batch_size", 1)) * int(run.cfg("actor_rollout_ref.rollout.n", 1))
+        samples = int(run.cfg("data.train_batch_size")) * int(run.cfg("actor_rollout_ref.rollout.n"))
         blocked_s = run.total(GEN) * min(1.0, preemptions / max(len(run.steps) * samples, 1))
         f.missing = [ROLLOUT_KV_BLOCKED_FRAC]
     if preemptions is not None:
@@ -146,7 +146,7 @@ def kv_cache_too_small(run: RunData) -> Finding:
     f.status = FOUND if f.gpu_s_lost > 0 else CLEAR
     if f.status != FOUND:
         return f
-    utilization = float(run.cfg(GPU_MEMORY_UTILIZATION, 0.5))
+    utilization = float(run.cfg(GPU_MEMORY_UTILIZATION))
     change = more_kv_memory(run)
     if change is not None:
         f.evidence.append(f"{GPU_MEMORY_UTILIZATION} is {utilization:g}")
@@ -173,7 +173,7 @@ def generation_host_gaps(run: RunData) -> Finding:
         f.status = CLEAR
         f.evidence.append(f"trainer.mode={run.cfg('trainer.mode')}: generation's idle share is in overlap_wait")
         return f
-    if run.cfg("trainer.placement", "colocate") == "split":
+    if run.cfg("trainer.placement") == "split":
         # Rank 0 is a trainer rank: its `timing_s/gen` and kernel trace are its wait for a block, not generation.
         f.status = CLEAR
         f.evidence.append("split placement: the trainer's wait for blocks is weighed in split_balance")
@@ -201,12 +201,12 @@ def generation_host_gaps(run: RunData) -> Finding:
         worst = max(gaps, key=lambda g: g["length_ms"])
         hosts = ", ".join(worst["host_functions"]) or "no host event recorded"
         f.evidence.append(f"longest: {worst['length_ms']:.1f} ms, host in: {hosts}")
-    if run.cfg("actor_rollout_ref.rollout.enforce_eager", False) is True:
+    if run.cfg("actor_rollout_ref.rollout.enforce_eager") is True:
         f.changes.append(
             Change({"actor_rollout_ref.rollout.enforce_eager": False}, "decode under CUDA graphs: one launch a step")
         )
     if not decode_batch.advise(run, f):
         f.missing.append(ROLLOUT_PEAK_RUNNING_SEQS)
-    if run.cfg("trainer.mode", "sync") == "sync":
+    if run.cfg("trainer.mode") == "sync":
         f.changes.append(ONE_STEP_OFF)
     return f

@@ -91,7 +91,7 @@ def reward_on_critical_path(run: RunData) -> Finding:
         f.missing = [m for m in (REWARD_NUM_SCORED, REWARD_BUSY_S) if not run.has(m)]
     else:
         _workers_advice(run, f, load, wait)
-    if run.cfg("trainer.mode", "sync") == "sync":
+    if run.cfg("trainer.mode") == "sync":
         f.changes.append(ONE_STEP_OFF)
     return f
 
@@ -129,6 +129,8 @@ def _workers_advice(run: RunData, f: Finding, load: ScoringLoad, wait: float) ->
         )
     elif workers is not None and workers >= needed:
         f.notes.append(f"{workers} workers already take scoring off the critical path down to {floor}: {_FASTER}")
+    elif workers is None or target > workers:
+        f.notes.append(f"{target} workers would leave {predicted:.2f} s of the {wait:.2f} s wait: {_FASTER}")
     else:
         f.notes.append(_bounded_scoring(load, needed, cores))
 

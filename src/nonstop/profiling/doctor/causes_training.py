@@ -24,6 +24,8 @@ TRAIN_PHASES = ("update_actor", "old_log_prob", "ref")
 # fill the device; on a CPU per-op overhead dominates only far smaller micro-batches. Stated assumptions, printed.
 FULL_MICRO_BATCH_TOKENS = {"GPU": 4096, "CPU": 128, "device": 4096}
 MIN_PAD_FRAC = 0.05
+# Micro-batches per mini-batch (a mean over mini-batches and epochs) from which some mini-batch ran as several.
+SEVERAL = 1.5
 ACTOR = "actor_rollout_ref.actor"
 DYNAMIC_BSZ, TOKEN_BUDGET = f"{ACTOR}.use_dynamic_bsz", f"{ACTOR}.ppo_max_token_len_per_gpu"
 DEFAULT_TOKEN_BUDGET = schema_default(TOKEN_BUDGET)
@@ -81,7 +83,7 @@ def micro_batching(run: RunData) -> MicroBatching | None:
 
 def _budget_change(run: RunData, batching: MicroBatching) -> Change | None:
     """Fewer, larger micro-batches: only when a mini-batch ran as several (one cannot grow past its mini-batch)."""
-    if batching.per_mini_batch < 1.5:
+    if batching.per_mini_batch < SEVERAL:
         return None
     dynamic, budget = bool(run.cfg(DYNAMIC_BSZ)), int(run.cfg(TOKEN_BUDGET))
     longest = int(run.cfg("data.max_prompt_length")) + int(run.cfg("data.max_response_length"))
@@ -139,7 +141,7 @@ def tiny_micro_batches(run: RunData) -> Finding:
     change = _budget_change(run, batching)
     if change is not None:
         f.changes.append(change)
-    elif batching.per_mini_batch >= 1.5:
+    elif batching.per_mini_batch >= SEVERAL:
         f.notes.append(f"the micro-batches already fill {TOKEN_BUDGET}={run.cfg(TOKEN_BUDGET)}: padding is the loss")
     else:
         f.notes.append(

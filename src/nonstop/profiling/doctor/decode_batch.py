@@ -11,7 +11,6 @@ from nonstop.profiling.doctor.run_data import RunData
 from nonstop.profiling.metric_names import ROLLOUT_KV_BLOCKED_FRAC, ROLLOUT_PEAK_RUNNING_SEQS
 
 MAX_NUM_SEQS = "actor_rollout_ref.rollout.max_num_seqs"
-DEFAULT_MAX_NUM_SEQS = 256
 # The cap binds when the batch reached it in at least this share of the steps.
 AT_CAP_STEPS = 0.5
 # Above this share of generation time short of KV blocks, the cache bounds the batch, not the cap.
@@ -37,10 +36,10 @@ class DecodeBatch:
 def sequences_offered(run: RunData, generating_ranks: int) -> int:
     """Sequences one generating rank decodes in a step: the generation batch's prompts x `rollout.n`, spread over the
     ranks; under `trainer.mode=async` up to `max_staleness` + 1 blocks are in flight at once."""
-    prompts = run.cfg("data.gen_batch_size") or run.cfg("data.train_batch_size", 1024)
-    offered = int(prompts) * int(run.cfg("actor_rollout_ref.rollout.n", 1))
-    if run.cfg("trainer.mode", "sync") == "async":
-        offered *= int(run.cfg("async_training.max_staleness", 1)) + 1
+    prompts = run.cfg("data.gen_batch_size") or run.cfg("data.train_batch_size")
+    offered = int(prompts) * int(run.cfg("actor_rollout_ref.rollout.n"))
+    if run.cfg("trainer.mode") == "async":
+        offered *= int(run.cfg("async_training.max_staleness")) + 1
     return max(1, offered // max(1, generating_ranks))
 
 
@@ -49,7 +48,7 @@ def decode_batch(run: RunData, generating_ranks: int) -> DecodeBatch | None:
     peaks = [r[ROLLOUT_PEAK_RUNNING_SEQS] for r in run.steps if r.get(ROLLOUT_PEAK_RUNNING_SEQS) is not None]
     if not peaks:
         return None
-    cap = int(run.cfg(MAX_NUM_SEQS, DEFAULT_MAX_NUM_SEQS))
+    cap = int(run.cfg(MAX_NUM_SEQS))
     return DecodeBatch(
         peak=sum(peaks) / len(peaks),
         cap=cap,

@@ -63,7 +63,7 @@ def pct(x: float) -> str:
 def more_kv_memory(run: RunData) -> Change | None:
     """`gpu_memory_utilization` +0.2 (at most 0.9) for a short KV cache; None when already at the cap, and on CPU,
     where the engine's cache has a fixed size that the key does not change."""
-    current = float(run.cfg(GPU_MEMORY_UTILIZATION, 0.5))
+    current = float(run.cfg(GPU_MEMORY_UTILIZATION))
     if not run.on_gpu or current >= MAX_GPU_MEMORY_UTILIZATION:
         return None
     target = round(min(MAX_GPU_MEMORY_UTILIZATION, current + 0.2), 2)

@@ -56,7 +56,7 @@ class RunData:
         (`perf/num_gpus`), else 1."""
         per_node = self.cfg("trainer.n_gpus_per_node")
         if per_node is not None:
-            return int(self.cfg("trainer.nnodes", 1)) * int(per_node)
+            return int(self.cfg("trainer.nnodes")) * int(per_node)
         recorded = [row["perf/num_gpus"] for row in self.steps if row.get("perf/num_gpus") is not None]
         return int(max(recorded)) if recorded else 1
 
