@@ -3,6 +3,7 @@ recorder's phases written into the trace on the profiler's clock, the run's summ
 
 import gzip
 import json
+import os
 import sys
 import time
 
@@ -146,3 +147,10 @@ def test_a_step_that_raises_stops_its_trace_and_leaves_no_spans(tmp_path):
     (analysis,) = profiler.deep.analyses
     assert analysis["step"] == 2
     profiler.close()
+
+
+def test_start_records_the_host_the_doctor_reads(tmp_path):
+    profiler = RunProfiler(tmp_path, torch.device("cpu"))
+    profiler.start(None)
+    host = json.loads((tmp_path / "profile" / "host.json").read_text())
+    assert host["device"] == "cpu" and host["cpu_cores"] == len(os.sched_getaffinity(0))

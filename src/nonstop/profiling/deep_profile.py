@@ -1,15 +1,7 @@
-"""Deep profile of the steps listed in `global_profiler.steps`.
-
-tool=torch: torch.profiler with CUDA activity only. CPU activity would name every host op, but it slows the host
-enough to inflate exactly the host-side gaps being measured, so by default the host is seen through the CUDA runtime
-calls the CUDA activity records (`cudaLaunchKernel`, `cudaStreamSynchronize`, `cudaMemcpyAsync`) and the phases
-through the recorder's spans, written into the trace afterwards (`with_cpu=True` adds CPU ops, at that cost). Each
-profiled step (or run of consecutive steps, with `profile_continuous_steps`) becomes
-`profile/step_<N>.trace.json.gz` — opens in Perfetto and chrome://tracing — and a `TraceAnalysis` per step.
-
-tool=nsys: nothing is recorded here; the listed steps are bracketed with cudaProfilerStart/Stop, so an nsys session
-started with `--capture-range=cudaProfilerApi` captures exactly them, labelled by the recorder's NVTX ranges.
-"""
+"""Deep profile of the steps listed in `global_profiler.steps`: with tool=torch, a torch.profiler trace of CUDA
+activity per step (`profile/step_<N>.trace.json.gz`, Perfetto / chrome://tracing) with the recorder's phases written
+in, and its `TraceAnalysis`; with tool=nsys, the steps bracketed by cudaProfilerStart/Stop for an nsys session.
+Why CUDA activity only (CPU activity slows the host and inflates the very gaps measured): docs/tuning-idle.md."""
 
 from __future__ import annotations
 

@@ -21,6 +21,9 @@ ROLLOUT_TAIL_BATCH_FILL = "rollout/tail_batch_fill"
 ROLLOUT_PROMPT_TOKENS = "rollout/prompt_tokens"  # prompt tokens of the requests (each prompt once, whatever n)
 ROLLOUT_PREFILL_TOKENS = "rollout/prefill_tokens"  # prompt-position tokens computed, recomputation included
 ROLLOUT_GENERATED_TOKENS = "rollout/generated_tokens"  # tokens sampled
+# Most sequences any engine step of the call computed (a group's n samples counted n times): against max_num_seqs,
+# whether the cap bounded the decode batch.
+ROLLOUT_PEAK_RUNNING_SEQS = "rollout/peak_running_seqs"
 
 # Training update (the actor; old-log-prob and reference passes reuse its micro-batching).
 ACTOR_NUM_MICRO_BATCHES = "actor/num_micro_batches"  # forward+backward micro-batches, all mini-batches and epochs
@@ -28,19 +31,16 @@ ACTOR_MICRO_BATCH_TOKENS = "actor/micro_batch_tokens_mean"  # real (non-pad) tok
 ACTOR_PAD_FRAC = "actor/pad_frac"  # padded positions / computed positions in the update forwards (0 when packed)
 ACTOR_PREFIX_GROUPED = "actor/prefix_grouped"  # fraction of update mini-batches run prefix-grouped (prompt once)
 
-# Already emitted elsewhere and read too: reward/busy_s, reward/wall_s, reward/num_scored, reward/timeouts
-# (rewards/pool.py), prompt_length/mean, response_length/mean|max (trainer/metrics.py), perf/gpu_util/<phase>
-# (profiling/attribution.py).
-NEW_METRICS = (
-    ROLLOUT_NUM_PREEMPTIONS,
-    ROLLOUT_KV_BLOCKED_FRAC,
-    ROLLOUT_TAIL_FRAC,
-    ROLLOUT_TAIL_BATCH_FILL,
-    ROLLOUT_PROMPT_TOKENS,
-    ROLLOUT_PREFILL_TOKENS,
-    ROLLOUT_GENERATED_TOKENS,
-    ACTOR_NUM_MICRO_BATCHES,
-    ACTOR_MICRO_BATCH_TOKENS,
-    ACTOR_PAD_FRAC,
-    ACTOR_PREFIX_GROUPED,
-)
+# Reward scoring (rewards/pool.py, per step): worker seconds spent scoring, samples scored, first submit to last
+# result, and the part of that after the last submit (what generation did not hide).
+REWARD_BUSY_S = "reward/busy_s"
+REWARD_NUM_SCORED = "reward/num_scored"
+REWARD_WALL_S = "reward/wall_s"
+REWARD_CRITICAL_PATH_S = "reward/critical_path_s"
+REWARD_TIMEOUTS = "reward/timeouts"
+# Worker processes of the pool, when the run records them (a pool sized at start-up from the cores); else the
+# doctor reads reward_model.num_workers.
+REWARD_NUM_WORKERS = "reward/num_workers"
+
+# Already emitted elsewhere and read too: prompt_length/mean, response_length/mean|max (trainer/metrics.py),
+# perf/gpu_util/<phase> (profiling/attribution.py), perf/num_gpus (the trainer).

@@ -1,12 +1,7 @@
-"""Background GPU sampler: utilization, memory used, power and SM clock every few tens of milliseconds.
-
-Readings come from a `ReadingSource`: `NvmlSource` (pynvml, package `nvidia-ml-py`) on a GPU machine, or a fake in
-tests. Without pynvml or a GPU, `NvmlSampler.for_device` returns None and every GPU field stays absent.
-
-NVML's utilization is the percentage of its own sample period (1/6 s to 1 s depending on the GPU) during which any
-kernel ran, so polling faster than that repeats values: per-phase means of phases shorter than the period are
-approximate, which is why the deep profile's kernel trace is the exact measure and this sampler the cheap one.
-"""
+"""Background GPU sampler: utilization, memory used, power and SM clock every few tens of milliseconds, from a
+`ReadingSource` (`NvmlSource` through pynvml, or a fake in tests). Without pynvml or a GPU, `NvmlSampler.for_device`
+returns None and every GPU field stays absent. NVML's utilization is the share of its own sample period in which any
+kernel ran: a cheap, coarse measure beside the deep profile's exact one (docs/tuning-idle.md)."""
 
 from __future__ import annotations
 

@@ -106,9 +106,9 @@ class PhaseRecorder:
         """Peak memory per span, nesting included: at every span boundary the allocator's peak since the previous
         boundary goes to every open span, then the peak is reset.
 
-        The allocator's counters are read through `torch._C._cuda_memoryStats`, the nested dict that the public
-        `torch.cuda.memory_stats` flattens key by key in Python: on an H200 that flattening made a span cost 170 µs
-        (`nonstop bench phases`), most of the always-on layer's overhead."""
+        The counters are read through `torch._C._cuda_memoryStats`, the nested dict that the public
+        `torch.cuda.memory_stats` flattens key by key in Python: that flattening was most of the always-on layer's
+        cost per span (`nonstop bench phases`; docs/dev-log.md)."""
         stats = torch._C._cuda_memoryStats(self.device_index)
         allocated, reserved = stats["allocated_bytes"]["all"]["peak"], stats["reserved_bytes"]["all"]["peak"]
         for open_span in self._stack:

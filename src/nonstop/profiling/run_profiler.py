@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from nonstop.profiling.deep_profile import DeepProfiler
+from nonstop.profiling.host import write_host
 from nonstop.profiling.nvml import NvmlSampler
 from nonstop.profiling.phases import STEP
 from nonstop.profiling.plots import write_plots
@@ -45,7 +46,7 @@ class RunProfiler:
         installed)."""
         self.run_dir = Path(run_dir)
         self.profile_dir = Path(profile_dir) if profile_dir is not None else self.run_dir / "profile"
-        self.sampler = sampler
+        self.device, self.sampler = device, sampler
         self.recorder = PhaseRecorder(device, sampler)
         self.deep = DeepProfiler(tool, steps, self.profile_dir, continuous, with_cpu)
         self.last: StepRecord | None = None
@@ -69,8 +70,10 @@ class RunProfiler:
         )
 
     def start(self, resume_step: int | None) -> None:
-        """At the start of `fit`: the timeline forgets what a resumed run is about to redo (or all of a fresh run's)."""
+        """At the start of `fit`: the timeline forgets what a resumed run is about to redo (or all of a fresh run's),
+        and `host.json` describes the machine the run (re)starts on."""
         truncate_steps(self.profile_dir / TIMELINE, resume_step)
+        write_host(self.profile_dir, self.device)
 
     @contextmanager
     def step(self, step: int) -> Iterator[PhaseRecorder]:

@@ -1,16 +1,8 @@
-"""Kernel-busy fraction, idle gaps and top kernels of one profiled step, from its Chrome trace JSON.
-
-Works on the exported JSON rather than on live profiler objects so that tests feed synthetic traces and a user can
-re-analyse a trace from an earlier run. What it reads (Kineto's event categories, complete events `"ph": "X"`,
-times in microseconds):
-- `kernel`: GPU kernels. Busy time is the union of their intervals: overlapping kernels on several streams count
-  once, and copies (`gpu_memcpy`) do not count, as for NVML's utilization.
-- phases: `nonstop_phase` events (the recorder's spans, written into the trace by the deep profiler, because with
-  CUDA-only activity torch.profiler records no `record_function` ranges) or else `user_annotation` events named like
-  a phase. A `step` phase delimits each step; without one the whole trace is one step.
-- host functions: `cpu_op`, `python_function`, `cuda_runtime`, `cuda_driver` and non-phase `user_annotation`
-  events, reported for the gaps they overlap.
-"""
+"""Kernel-busy fraction, idle gaps and top kernels of one profiled step, from its Chrome trace JSON (so tests feed
+synthetic traces and a user can re-analyse an old trace). Busy time is the union of `kernel` events (copies do not
+count); phases are the `nonstop_phase` events the deep profiler writes in (or `user_annotation` events named like a
+phase, a `step` one delimiting each step); host events overlapping a gap name it. The event categories it reads are
+listed in docs/tuning-idle.md."""
 
 from __future__ import annotations
 

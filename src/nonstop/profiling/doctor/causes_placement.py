@@ -1,17 +1,10 @@
-"""How to divide several GPUs between generation and training (`trainer.placement=split`, `trainer.rollout_n_gpus`).
-
-The model: each side's work per step, in GPU-seconds, spread evenly over the GPUs it gets; under split placement the
-two sides run at once, so a step takes as long as the slower side, max(G / R, U / (N - R)) for R rollout GPUs of N.
-The best R balances the two. Inputs come from the run:
-- colocated (`sync` on N GPUs): G = N x (generation time less the long tail's idle share, which a rollouter that keeps
-  admitting new groups does not pay), U = N x (the rest of the step);
-- split: G = R x step x (1 - `rollouter/idle_ratio`), U = (N - R) x step x (1 - `trainer/idle_ratio`).
-Linear scaling within a side is an assumption (decode usually does better than linear when fewer GPUs hold more
-sequences each; weight broadcasts cost extra); the evidence lines state the measured parts.
-"""
+"""How to divide several GPUs between generation and training (`trainer.placement=split`, `trainer.rollout_n_gpus`):
+each side's GPU-seconds of work per step, spread evenly over its GPUs, and the split whose slower side is fastest.
+The model and its inputs: docs/tuning-idle.md ("Several GPUs")."""
 
 from __future__ import annotations
 
+from nonstop.profiling.doctor.change import Change
 from nonstop.profiling.doctor.finding import CLEAR, FOUND, NO_DATA, Finding, pct
 from nonstop.profiling.doctor.run_data import RunData
 from nonstop.profiling.phases import STEP, timing_key
@@ -35,14 +28,14 @@ def best_split(gen_work: float, train_work: float, num_gpus: int) -> tuple[int, 
     return best, step(best)
 
 
-def colocated_split_change(run: RunData, tail_idle_s: float) -> str | None:
+def colocated_split_change(run: RunData, tail_idle_s: float) -> Change | None:
     """The split to try instead of colocated `sync` on several GPUs: the generation/training division of the measured
     step, the long tail's idle time (`tail_idle_s`, summed over the steps) left out of generation. None on one GPU,
     without the timings, on a run already split, or when no whole number of rollout GPUs predicts a step `MIN_GAIN`
     shorter."""
     n = run.num_gpus
     gen_key, step_key = timing_key("gen"), timing_key(STEP)
-    if n < 2 or run.cfg("trainer.placement", "colocate") == "split" or not run.steps or not run.has(gen_key):
+    if n < 2 or run.cfg("trainer.placement") == "split" or not run.steps or not run.has(gen_key):
         return None
     steps = len(run.steps)
     gen = run.total(gen_key) / steps
@@ -51,16 +44,16 @@ def colocated_split_change(run: RunData, tail_idle_s: float) -> str | None:
     r, predicted = best_split(n * busy_gen, n * max(rest, 0.0), n)
     if predicted > (1 - MIN_GAIN) * (gen + rest):
         return None
-    return (
-        f"trainer.placement=split trainer.rollout_n_gpus={r} trainer.mode=async  ({r} of {n} GPUs generate, "
-        f"{n - r} train: the measured division of the step, {busy_gen:.1f} s busy generation vs {rest:.1f} s "
-        f"the rest; predicted {predicted:.1f} s per step vs {gen + rest:.1f} s)"
+    return Change(
+        {"trainer.placement": "split", "trainer.rollout_n_gpus": r, "trainer.mode": "async"},
+        f"{r} of {n} GPUs generate, {n - r} train: the measured division of the step, {busy_gen:.1f} s busy "
+        f"generation vs {rest:.1f} s the rest; predicted {predicted:.1f} s per step vs {gen + rest:.1f} s",
     )
 
 
 def split_balance(run: RunData) -> Finding:
     f = Finding("split_balance", "unbalanced split placement", NO_DATA)
-    if run.cfg("trainer.placement", "colocate") != "split":
+    if run.cfg("trainer.placement") != "split":
         f.status = CLEAR
         f.evidence.append("colocated placement: see the long-tail finding for a split to try")
         return f
@@ -68,7 +61,7 @@ def split_balance(run: RunData) -> Finding:
     if not rows:
         f.missing = [m for m in (TRAINER_IDLE, ROLLOUTER_IDLE) if not run.has(m)]
         return f
-    n, r = run.num_gpus, int(run.cfg("trainer.rollout_n_gpus", 1))
+    n, r = run.num_gpus, int(run.cfg("trainer.rollout_n_gpus"))
     step_key = timing_key(STEP)
     step = sum(row[step_key] for row in rows) / len(rows)
     trainer_idle = sum(row[TRAINER_IDLE] for row in rows) / len(rows)
@@ -92,5 +85,5 @@ def split_balance(run: RunData) -> Finding:
         f"training per step; with {best} rollout GPUs the slower side takes {predicted:.1f} s (assumes linear "
         "scaling within a side)"
     )
-    f.changes = [f"trainer.rollout_n_gpus={best}"]
+    f.changes = [Change({"trainer.rollout_n_gpus": best}, f"predicted {predicted:.1f} s per step vs {step:.1f} s")]
     return f

@@ -3,8 +3,15 @@ between the engine's kernels."""
 
 from __future__ import annotations
 
-from nonstop.profiling.doctor.causes_overlap import colocated_overlap, overlap_accounts
+from nonstop.profiling.doctor import decode_batch
+from nonstop.profiling.doctor.causes_overlap import (
+    ONE_STEP_OFF,
+    colocated_overlap,
+    overlap_accounts,
+    overlap_wait_missing,
+)
 from nonstop.profiling.doctor.causes_placement import ROLLOUTER_IDLE, colocated_split_change
+from nonstop.profiling.doctor.change import Change
 from nonstop.profiling.doctor.finding import (
     CLEAR,
     FOUND,
@@ -19,6 +26,7 @@ from nonstop.profiling.doctor.run_data import RunData
 from nonstop.profiling.metric_names import (
     ROLLOUT_KV_BLOCKED_FRAC,
     ROLLOUT_NUM_PREEMPTIONS,
+    ROLLOUT_PEAK_RUNNING_SEQS,
     ROLLOUT_PREFILL_TOKENS,
     ROLLOUT_PROMPT_TOKENS,
     ROLLOUT_TAIL_BATCH_FILL,
@@ -30,8 +38,11 @@ GEN, STEP_KEY = timing_key("gen"), timing_key(STEP)
 # A tail step runs fewer than 1/4 of the peak sequences: without a measured fill, assume the middle of [0, 1/4).
 DEFAULT_TAIL_FILL = 0.125
 # With twice the KV blocks, requests held back by a full cache run two waves at a time: about half of the blocked
-# time comes back. A stated assumption, not a measurement; the evidence lines carry the measured parts.
+# time comes back. A stated assumption; the evidence lines carry the measured parts.
 KV_RECOVERABLE = 0.5
+ASYNC = Change(
+    {"trainer.mode": "async"}, "partial rollouts continue across weight updates: the tail never holds a step"
+)
 
 
 def _per_step(run: RunData, metric: str) -> list[tuple[float, float]]:
@@ -43,7 +54,7 @@ def _generation_per_step(run: RunData) -> tuple[list[tuple[float, float]], int, 
     """(generation seconds, `rollout/tail_frac`) per step, the GPUs that generate, and the metrics needed. Under
     split placement `timing_s/gen` is the trainer's wait for a block, not generation: the rollout GPUs generate for
     the step's busy share, `timing_s/step` x (1 - `rollouter/idle_ratio`)."""
-    if run.cfg("trainer.placement", "colocate") != "split":
+    if run.cfg("trainer.placement") != "split":
         return _per_step(run, ROLLOUT_TAIL_FRAC), run.num_gpus, [GEN, ROLLOUT_TAIL_FRAC]
     needed = [STEP_KEY, ROLLOUTER_IDLE, ROLLOUT_TAIL_FRAC]
     pairs = [
@@ -51,7 +62,7 @@ def _generation_per_step(run: RunData) -> tuple[list[tuple[float, float]], int, 
         for r in run.steps
         if all(r.get(m) is not None for m in needed)
     ]
-    return pairs, int(run.cfg("trainer.rollout_n_gpus", 1)), needed
+    return pairs, int(run.cfg("trainer.rollout_n_gpus")), needed
 
 
 def generation_long_tail(run: RunData) -> Finding:
@@ -59,6 +70,11 @@ def generation_long_tail(run: RunData) -> Finding:
     if overlap_accounts(run):
         f.status = CLEAR
         f.evidence.append(f"trainer.mode={run.cfg('trainer.mode')}: the tail overlaps training; see overlap_wait")
+        return f
+    if colocated_overlap(run):
+        # The tail overlaps training there: what it costs is the idle share of the trainer's wait, not measured.
+        f.evidence.append(f"trainer.mode={run.cfg('trainer.mode')}: the tail overlaps training; see overlap_wait")
+        f.missing = overlap_wait_missing(run)
         return f
     pairs, gpus, needed = _generation_per_step(run)
     if not pairs:
@@ -78,22 +94,23 @@ def generation_long_tail(run: RunData) -> Finding:
     mean, longest = run.mean("response_length/mean"), run.mean("response_length/max")
     if mean and longest:
         f.evidence.append(f"response_length/max {longest:.0f} vs mean {mean:.0f} tokens ({longest / mean:.1f}x)")
-    mode = run.cfg("trainer.mode", "sync")
+    if f.status != FOUND:
+        return f
+    mode = run.cfg("trainer.mode")
     if mode == "sync":
-        f.changes = ["trainer.mode=one_step_off  (generation of step k+1 overlaps training of step k)"]
-        if run.num_gpus >= 2:  # async pays off with GPUs of its own; on one it measured no faster than sync
-            f.changes.append(
-                "trainer.mode=async  (partial rollouts continue across weight updates: the tail never holds a step)"
-            )
+        f.changes = [ONE_STEP_OFF]
+        if run.num_gpus >= 2:  # async pays off with GPUs of its own; on a shared one it was no faster than sync
+            f.changes.append(ASYNC)
         split = colocated_split_change(run, tail_s * (1 - fill))
         if split is not None:
             f.changes.append(split)
     elif mode == "one_step_off":
-        f.changes = ["trainer.mode=async  (partial rollouts continue across weight updates)"]
+        f.changes = [ASYNC]
     else:
-        f.changes = [
-            f"data.max_response_length=<lower than {run.cfg('data.max_response_length', '?')}>  (already async)"
-        ]
+        f.notes.append(
+            f"already async: shorter responses (data.max_response_length={run.cfg('data.max_response_length')} "
+            f"caps them) shorten the tail; {decode_batch.FUTURE_CURES}"
+        )
     return f
 
 
@@ -117,7 +134,7 @@ def kv_cache_too_small(run: RunData) -> Finding:
         )
     else:
         # Only the count: each preempted sequence is recomputed, roughly one wave of the batch per batch-size worth.
-        samples = int(run.cfg("data.train_batch_size", 1)) * int(run.cfg("actor_rollout_ref.rollout.n", 1))
+        samples = int(run.cfg("data.train_batch_size")) * int(run.cfg("actor_rollout_ref.rollout.n"))
         blocked_s = run.total(GEN) * min(1.0, preemptions / max(len(run.steps) * samples, 1))
         f.missing = [ROLLOUT_KV_BLOCKED_FRAC]
     if preemptions is not None:
@@ -127,14 +144,25 @@ def kv_cache_too_small(run: RunData) -> Finding:
         f.evidence.append(f"prompt positions computed {prefill / prompt:.2f}x (recomputation after preemption)")
     f.gpu_s_lost = blocked_s * KV_RECOVERABLE * run.num_gpus
     f.status = FOUND if f.gpu_s_lost > 0 else CLEAR
-    f.evidence.append(f"{GPU_MEMORY_UTILIZATION} is {float(run.cfg(GPU_MEMORY_UTILIZATION, 0.5)):g}")
+    if f.status != FOUND:
+        return f
+    utilization = float(run.cfg(GPU_MEMORY_UTILIZATION))
     change = more_kv_memory(run)
     if change is not None:
+        f.evidence.append(f"{GPU_MEMORY_UTILIZATION} is {utilization:g}")
         f.changes.append(change)
-    f.changes.append(
-        "free training memory for the cache: actor_rollout_ref.actor.use_dynamic_bsz=True with a smaller "
-        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
-    )
+    elif run.device == "cpu":
+        f.notes.append(
+            f"a CPU run: the engine's KV cache has a fixed size on a CPU ({GPU_MEMORY_UTILIZATION} sizes it only on a "
+            "GPU); fewer or shorter sequences per step are what fit"
+        )
+    elif run.on_gpu:
+        f.notes.append(
+            f"{GPU_MEMORY_UTILIZATION} is already {utilization:g}: shorter sequences (data.max_response_length) or "
+            "the model over more GPUs leave room for more KV blocks"
+        )
+    else:
+        f.notes.append(f"the run does not say whether it ran on a GPU, where {GPU_MEMORY_UTILIZATION} sizes the cache")
     return f
 
 
@@ -145,10 +173,14 @@ def generation_host_gaps(run: RunData) -> Finding:
         f.status = CLEAR
         f.evidence.append(f"trainer.mode={run.cfg('trainer.mode')}: generation's idle share is in overlap_wait")
         return f
-    if run.cfg("trainer.placement", "colocate") == "split":
+    if run.cfg("trainer.placement") == "split":
         # Rank 0 is a trainer rank: its `timing_s/gen` and kernel trace are its wait for a block, not generation.
         f.status = CLEAR
         f.evidence.append("split placement: the trainer's wait for blocks is weighed in split_balance")
+        return f
+    if run.device == "cpu":
+        f.status = CLEAR
+        f.evidence.append("a CPU run: generation runs no device kernels to leave gaps between")
         return f
     measured = phase_efficiency(run, "gen")
     if measured is None or not run.has(GEN):
@@ -169,13 +201,12 @@ def generation_host_gaps(run: RunData) -> Finding:
         worst = max(gaps, key=lambda g: g["length_ms"])
         hosts = ", ".join(worst["host_functions"]) or "no host event recorded"
         f.evidence.append(f"longest: {worst['length_ms']:.1f} ms, host in: {hosts}")
-    if run.cfg("actor_rollout_ref.rollout.enforce_eager", False):
-        f.changes.append("actor_rollout_ref.rollout.enforce_eager=False  (decode under CUDA graphs)")
-    if run.cfg("actor_rollout_ref.rollout.cudagraph_capture_sizes") is not None:
-        f.changes.append("actor_rollout_ref.rollout.cudagraph_capture_sizes=null  (capture every batch size used)")
-    seqs = int(run.cfg("actor_rollout_ref.rollout.max_num_seqs", 256))
-    f.changes.append(
-        f"larger decode batches amortize host work: actor_rollout_ref.rollout.max_num_seqs={2 * seqs}, "
-        "a larger data.train_batch_size, or trainer.mode=async"
-    )
+    if run.cfg("actor_rollout_ref.rollout.enforce_eager") is True:
+        f.changes.append(
+            Change({"actor_rollout_ref.rollout.enforce_eager": False}, "decode under CUDA graphs: one launch a step")
+        )
+    if not decode_batch.advise(run, f):
+        f.missing.append(ROLLOUT_PEAK_RUNNING_SEQS)
+    if run.cfg("trainer.mode") == "sync":
+        f.changes.append(ONE_STEP_OFF)
     return f

@@ -4,10 +4,12 @@ and log-prob passes the configuration does not need."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from nonstop.config.actor import PREFIX_GROUPER_AUTO_MIN_SAVED
+from nonstop.profiling.doctor.change import Change
 from nonstop.profiling.doctor.finding import CLEAR, FOUND, NO_DATA, Finding, pct, phase_efficiency
-from nonstop.profiling.doctor.run_data import RunData
+from nonstop.profiling.doctor.run_data import RunData, schema_default
 from nonstop.profiling.metric_names import (
     ACTOR_MICRO_BATCH_TOKENS,
     ACTOR_NUM_MICRO_BATCHES,
@@ -17,104 +19,143 @@ from nonstop.profiling.metric_names import (
 from nonstop.profiling.phases import timing_key
 
 TRAIN_PHASES = ("update_actor", "old_log_prob", "ref")
-# Below this many tokens a forward/backward of a small model is launch- and latency-bound on an H100/H200-class GPU;
-# without a trace or NVML, the doctor takes tokens / this as the efficiency of such micro-batches.
-FULL_MICRO_BATCH_TOKENS = 4096
+# Below this many tokens a forward/backward is launch- and latency-bound: without a trace or NVML the doctor takes
+# tokens / this as the efficiency of a micro-batch. On a GPU, a small model's kernels need a few thousand tokens to
+# fill the device; on a CPU per-op overhead dominates only far smaller micro-batches. Stated assumptions, printed.
+FULL_MICRO_BATCH_TOKENS = {"GPU": 4096, "CPU": 128, "device": 4096}
 MIN_PAD_FRAC = 0.05
-PREFIX_GROUPER_KEY = "actor_rollout_ref.actor.use_prefix_grouper"
-PREFIX_GROUPING_CHANGE = (
-    f"{PREFIX_GROUPER_KEY}=True (prefix grouping: each group's prompt computed once in every log-prob pass)"
+# Micro-batches per mini-batch (a mean over mini-batches and epochs) from which some mini-batch ran as several.
+SEVERAL = 1.5
+ACTOR = "actor_rollout_ref.actor"
+DYNAMIC_BSZ, TOKEN_BUDGET = f"{ACTOR}.use_dynamic_bsz", f"{ACTOR}.ppo_max_token_len_per_gpu"
+DEFAULT_TOKEN_BUDGET = schema_default(TOKEN_BUDGET)
+PREFIX_GROUPER_KEY = f"{ACTOR}.use_prefix_grouper"
+PREFIX_GROUPING_CHANGE = Change(
+    {PREFIX_GROUPER_KEY: True}, "prefix grouping: each group's prompt computed once in every log-prob pass"
 )
-# Shared-prefix decode attention: measured 1.39-5.0x decode tokens/s from 2K prompts x 8 samples on the H200
-# (bench/results/2026-12-01-h200-cascade.json), 1.13x at 2K x 4: suggested only from these sizes up.
+# Shared-prefix decode attention pays from about these sizes up on a GPU (`nonstop bench cascade`).
 CASCADE_KEY = "actor_rollout_ref.rollout.cascade_attention"
 CASCADE_MIN_PROMPT, CASCADE_MIN_N = 2048, 8
-CASCADE_CHANGE = f"{CASCADE_KEY}=True (decode: each group's prompt KV read once per step for all its samples)"
 
 
 def _train_seconds(run: RunData) -> float:
     return sum(run.total(timing_key(p)) for p in TRAIN_PHASES)
 
 
-def estimated_micro_batch_tokens(run: RunData) -> tuple[float, str] | None:
-    """Mean real tokens per update micro-batch: the trainer's metric, else derived from the config and the
-    step's mean prompt and response lengths (token budget: the per-GPU mini-batch in as few budget-sized bins as
-    fit; fixed count: micro-batch size x mean sequence length)."""
-    measured = run.mean(ACTOR_MICRO_BATCH_TOKENS)
-    if measured is not None:
-        return measured, ACTOR_MICRO_BATCH_TOKENS
+@dataclass(frozen=True)
+class MicroBatching:
+    """The update's micro-batches on one rank: tokens in each, how many per mini-batch, and where that comes from."""
+
+    tokens: float  # real tokens per micro-batch, mean
+    per_mini_batch: float  # micro-batches per mini-batch and epoch
+    source: str
+
+    @property
+    def mini_batch_tokens(self) -> float:
+        return self.tokens * self.per_mini_batch
+
+
+def _mini_batches(run: RunData) -> tuple[int, int, float]:
+    """(mini-batches per step, epochs, samples per mini-batch on one rank)."""
+    n = int(run.cfg("actor_rollout_ref.rollout.n"))
+    mini, batch = int(run.cfg(f"{ACTOR}.ppo_mini_batch_size")), int(run.cfg("data.train_batch_size"))
+    return math.ceil(batch / mini), int(run.cfg(f"{ACTOR}.ppo_epochs")), min(mini, batch) * n / run.num_gpus
+
+
+def micro_batching(run: RunData) -> MicroBatching | None:
+    """The trainer's metrics, else derived from the config and the step's mean prompt and response lengths (token
+    budget: the rank's mini-batch in as few budget-sized bins as fit; fixed count: micro-batch size x mean length)."""
+    minis, epochs, samples = _mini_batches(run)
+    measured, count = run.mean(ACTOR_MICRO_BATCH_TOKENS), run.mean(ACTOR_NUM_MICRO_BATCHES)
+    if measured is not None and count is not None:
+        return MicroBatching(measured, count / (minis * epochs), ACTOR_MICRO_BATCH_TOKENS)
     prompt, response = run.mean("prompt_length/mean"), run.mean("response_length/mean")
     if prompt is None or response is None:
         return None
-    seq = prompt + response
-    n = int(run.cfg("actor_rollout_ref.rollout.n", 1))
-    mini = int(run.cfg("actor_rollout_ref.actor.ppo_mini_batch_size", 256))
-    train_batch = int(run.cfg("data.train_batch_size", mini))
-    samples = min(mini, train_batch) * n / run.num_gpus
-    if run.cfg("actor_rollout_ref.actor.use_dynamic_bsz", False):
-        budget = int(run.cfg("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", 16384))
-        tokens = samples * seq
-        return tokens / max(1, math.ceil(tokens / budget)), "config and mean lengths"
-    per_micro = run.cfg("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu") or samples
-    return min(per_micro, samples) * seq, "config and mean lengths"
+    tokens = samples * (prompt + response)
+    if run.cfg(DYNAMIC_BSZ):
+        parts = max(1, math.ceil(tokens / int(run.cfg(TOKEN_BUDGET))))
+    else:
+        per_micro = run.cfg(f"{ACTOR}.ppo_micro_batch_size_per_gpu") or samples
+        parts = max(1, math.ceil(samples / per_micro))
+    return MicroBatching(tokens / parts, parts, "config and mean lengths")
+
+
+def _budget_change(run: RunData, batching: MicroBatching) -> Change | None:
+    """Fewer, larger micro-batches: only when a mini-batch ran as several (one cannot grow past its mini-batch)."""
+    if batching.per_mini_batch < SEVERAL:
+        return None
+    dynamic, budget = bool(run.cfg(DYNAMIC_BSZ)), int(run.cfg(TOKEN_BUDGET))
+    longest = int(run.cfg("data.max_prompt_length")) + int(run.cfg("data.max_response_length"))
+    target = max(DEFAULT_TOKEN_BUDGET, 2 * longest, 2 * budget if dynamic else 0)
+    merged = min(batching.mini_batch_tokens, target)
+    why = (
+        f"{batching.per_mini_batch:.0f} micro-batches of {batching.tokens:.0f} tokens per mini-batch become "
+        f"{math.ceil(batching.mini_batch_tokens / target)} of up to {merged:.0f}; the log-prob passes follow unless "
+        "their log_prob_* keys are set"
+    )
+    if not dynamic:
+        return Change({DYNAMIC_BSZ: True, TOKEN_BUDGET: target}, why)
+    if budget >= target:
+        return None
+    return Change({TOKEN_BUDGET: target}, why)
 
 
 def tiny_micro_batches(run: RunData) -> Finding:
     f = Finding("tiny_micro_batches", "padding or tiny micro-batches in training", NO_DATA)
-    tokens = estimated_micro_batch_tokens(run)
-    pad = run.mean(ACTOR_PAD_FRAC) or 0.0
-    if tokens is None or not run.has(timing_key("update_actor")):
+    batching = micro_batching(run)
+    if batching is None or not run.has(timing_key("update_actor")):
         f.missing = [m for m in (timing_key("update_actor"), ACTOR_MICRO_BATCH_TOKENS) if not run.has(m)]
         return f
-    mb_tokens, source = tokens
-    tiny, padded = mb_tokens < FULL_MICRO_BATCH_TOKENS, pad > MIN_PAD_FRAC
-    f.evidence.append(f"{mb_tokens:.0f} tokens per micro-batch ({source})")
-    if run.has(ACTOR_NUM_MICRO_BATCHES):
-        f.evidence.append(f"{ACTOR_NUM_MICRO_BATCHES}: {run.mean(ACTOR_NUM_MICRO_BATCHES):.0f} per step")
+    pad = run.mean(ACTOR_PAD_FRAC) or 0.0
+    full = FULL_MICRO_BATCH_TOKENS[run.unit]
+    f.evidence.append(
+        f"{batching.tokens:.0f} tokens per micro-batch, {batching.per_mini_batch:.1f} micro-batches per mini-batch "
+        f"({batching.source})"
+    )
     if run.has(ACTOR_PAD_FRAC):
         f.evidence.append(f"{ACTOR_PAD_FRAC}: {pct(pad)} of computed positions are padding")
-    if not (tiny or padded):
+    if batching.tokens >= full and pad <= MIN_PAD_FRAC:
         f.status = CLEAR
         return f
-    lost = 0.0
-    for phase in TRAIN_PHASES:
+    lost, estimated = 0.0, False
+    # An unneeded reference pass is reference_pass's cost as a whole, not counted again here.
+    for phase in [p for p in TRAIN_PHASES if p != "ref" or not reference_unused(run)]:
         seconds = run.total(timing_key(phase))
         measured = phase_efficiency(run, phase)
         if measured is not None:
             efficiency, how = measured
+            line = f"{phase}: GPU busy {pct(efficiency)} of {seconds:.1f} s ({how})"
         else:
-            efficiency, how = (1 - pad) * min(1.0, mb_tokens / FULL_MICRO_BATCH_TOKENS), "estimated from tokens"
+            efficiency, estimated = (1 - pad) * min(1.0, batching.tokens / full), True
+            line = f"{phase}: {seconds:.1f} s at an estimated {pct(efficiency)} of full-size efficiency"
         if seconds > 0:
-            f.evidence.append(f"{phase}: GPU busy {pct(efficiency)} of {seconds:.1f} s ({how})")
+            f.evidence.append(line)
         lost += seconds * (1 - efficiency)
+    if estimated:
+        f.evidence.append(f"assumed: a micro-batch under {full} tokens costs about as much as one of {full} here")
     f.gpu_s_lost = lost * run.num_gpus
     f.status = FOUND if f.gpu_s_lost > 0 else CLEAR
-    budget = int(run.cfg("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", 16384))
-    longest = int(run.cfg("data.max_prompt_length", 512)) + int(run.cfg("data.max_response_length", 512))
-    target = max(16384, 2 * longest, 2 * budget if budget < FULL_MICRO_BATCH_TOKENS else 0)
-    if not run.cfg("actor_rollout_ref.actor.use_dynamic_bsz", False):
-        f.changes.append(
-            f"actor_rollout_ref.actor.use_dynamic_bsz=True actor_rollout_ref.actor.ppo_max_token_len_per_gpu={target}"
-        )
-    elif budget < target and budget < FULL_MICRO_BATCH_TOKENS * 2:
-        f.changes.append(f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={target}")
+    if f.status != FOUND:
+        return f
+    change = _budget_change(run, batching)
+    if change is not None:
+        f.changes.append(change)
+    elif batching.per_mini_batch >= SEVERAL:
+        f.notes.append(f"the micro-batches already fill {TOKEN_BUDGET}={run.cfg(TOKEN_BUDGET)}: padding is the loss")
     else:
-        mini = int(run.cfg("actor_rollout_ref.actor.ppo_mini_batch_size", 256))
-        f.changes.append(
-            f"the mini-batch itself is small: actor_rollout_ref.actor.ppo_mini_batch_size={2 * mini} "
-            "(or a larger data.train_batch_size)"
-        )
-    if run.total(timing_key("old_log_prob")) + run.total(timing_key("ref")) > 0:
-        f.changes.append(
-            f"same for the log-prob passes: actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={target} "
-            f"actor_rollout_ref.ref.log_prob_max_token_len_per_gpu={target}"
+        f.notes.append(
+            f"one micro-batch per mini-batch: the mini-batch itself ({batching.mini_batch_tokens:.0f} tokens on each "
+            f"of {run.num_gpus} rank(s)) bounds it, so no micro-batch setting helps; a larger "
+            f"{ACTOR}.ppo_mini_batch_size (fewer optimizer steps) or data.train_batch_size (more samples per step) "
+            "would fill it: a different recipe"
         )
     return f
 
 
 def shared_prompts_recomputed(run: RunData) -> Finding:
     f = Finding("shared_prompts_recomputed", "shared prompts recomputed in training (n > 1)", NO_DATA)
-    n = int(run.cfg("actor_rollout_ref.rollout.n", 1))
+    n = int(run.cfg("actor_rollout_ref.rollout.n"))
     prompt, response = run.mean("prompt_length/mean"), run.mean("response_length/mean")
     if prompt is None or response is None:
         f.missing = [m for m in ("prompt_length/mean", "response_length/mean") if not run.has(m)]
@@ -132,7 +173,7 @@ def shared_prompts_recomputed(run: RunData) -> Finding:
     grouped = run.mean(ACTOR_PREFIX_GROUPED)
     if grouped is None:
         # A run directory without the key predates prefix grouping: nothing was grouped.
-        setting = run.cfg(PREFIX_GROUPER_KEY, False)
+        setting = run.cfg(PREFIX_GROUPER_KEY, False, fill_from_schema=False)
         grouped = float(setting is True or (setting == "auto" and saved >= PREFIX_GROUPER_AUTO_MIN_SAVED))
         f.evidence.append(f"{PREFIX_GROUPER_KEY}={setting}: {'' if grouped else 'not '}grouped (config)")
     else:
@@ -141,8 +182,12 @@ def shared_prompts_recomputed(run: RunData) -> Finding:
     f.status = FOUND if f.gpu_s_lost > 0 else CLEAR
     if f.status == FOUND:
         f.changes.append(PREFIX_GROUPING_CHANGE)
-        if prompt >= CASCADE_MIN_PROMPT and n >= CASCADE_MIN_N and run.cfg(CASCADE_KEY, False) is False:
-            f.changes.append(CASCADE_CHANGE)  # the same prompts are read n times per decode step, too
+        if run.on_gpu and prompt >= CASCADE_MIN_PROMPT and n >= CASCADE_MIN_N and run.cfg(CASCADE_KEY) is False:
+            # Decoding reads the same prompts n times a step too; that costs decode time, not this cause's.
+            f.notes.append(
+                f"decode reads each prompt's KV n times a step as well: {CASCADE_KEY}=True reads it once for the group "
+                "(`nonstop bench cascade` measures it on your shapes)"
+            )
     return f
 
 
@@ -151,21 +196,25 @@ def old_log_prob_pass(run: RunData) -> Finding:
     seconds = run.total(timing_key("old_log_prob"))
     if seconds <= 0:
         return f
-    mini = int(run.cfg("actor_rollout_ref.actor.ppo_mini_batch_size", 256))
-    batch = int(run.cfg("data.train_batch_size", mini))
-    epochs = int(run.cfg("actor_rollout_ref.actor.ppo_epochs", 1))
-    f.status, f.gpu_s_lost = FOUND, seconds * run.num_gpus
+    minis, epochs, _ = _mini_batches(run)
     f.evidence.append(f"{timing_key('old_log_prob')}: {seconds:.1f} s")
-    if batch <= mini and epochs == 1:
+    if minis == 1 and epochs == 1:
+        f.status, f.gpu_s_lost = FOUND, seconds * run.num_gpus
         f.evidence.append("one mini-batch and one epoch: the importance ratio is exactly 1, the pass is not needed")
-        f.changes.append("nonstop skips this pass in that case: that it ran is a bug worth reporting")
+        f.notes.append("nonstop skips this pass in that case: that it ran is a bug worth reporting")
     else:
-        f.evidence.append(f"needed: {math.ceil(batch / mini)} mini-batches x {epochs} epoch(s) per step")
-        f.changes.append(
-            f"actor_rollout_ref.actor.ppo_mini_batch_size={batch} actor_rollout_ref.actor.ppo_epochs=1  "
-            "(one optimizer step per batch: no pass needed, but fewer updates per step)"
+        f.evidence.append(f"needed: {minis} mini-batches x {epochs} epoch(s) per step")
+        f.notes.append(
+            f"one optimizer step per batch ({ACTOR}.ppo_mini_batch_size = data.train_batch_size, ppo_epochs=1) would "
+            "skip it, at the price of fewer updates per step: a different recipe"
         )
     return f
+
+
+def reference_unused(run: RunData) -> bool:
+    """No KL term reads the reference log-probs (a KL loss of weight 0 and no KL in the reward)."""
+    kl_loss = bool(run.cfg(f"{ACTOR}.use_kl_loss")) and float(run.cfg(f"{ACTOR}.kl_loss_coef")) > 0
+    return not kl_loss and not run.cfg("algorithm.use_kl_in_reward")
 
 
 def reference_pass(run: RunData) -> Finding:
@@ -173,14 +222,12 @@ def reference_pass(run: RunData) -> Finding:
     seconds = run.total(timing_key("ref"))
     if seconds <= 0:
         return f
-    kl_loss = bool(run.cfg("actor_rollout_ref.actor.use_kl_loss", False))
-    coef = float(run.cfg("actor_rollout_ref.actor.kl_loss_coef", 0.001))
-    kl_reward = bool(run.cfg("algorithm.use_kl_in_reward", False))
     f.evidence.append(f"{timing_key('ref')}: {seconds:.1f} s")
-    if kl_reward or (kl_loss and coef > 0):
+    if not reference_unused(run):
         f.evidence.append("a KL term uses it (actor.use_kl_loss or algorithm.use_kl_in_reward)")
         return f
     f.status, f.gpu_s_lost = FOUND, seconds * run.num_gpus
+    kl_loss, coef = run.cfg(f"{ACTOR}.use_kl_loss"), float(run.cfg(f"{ACTOR}.kl_loss_coef"))
     f.evidence.append(f"actor.use_kl_loss={kl_loss}, kl_loss_coef={coef:g}: no term uses the reference log-probs")
-    f.changes.append("actor_rollout_ref.actor.use_kl_loss=False")
+    f.changes.append(Change({f"{ACTOR}.use_kl_loss": False}, "no reference pass: nothing reads its log-probs"))
     return f

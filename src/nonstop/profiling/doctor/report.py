@@ -1,5 +1,5 @@
-"""`diagnose`: every cause checked against a run, found ones ranked by estimated GPU-seconds lost; and the two ways
-of printing the result (text for people, JSON for machines)."""
+"""`diagnose`: every cause checked against a run, found ones ranked by estimated device-seconds lost; and the two
+ways of printing the result (text for people, JSON for machines)."""
 
 from __future__ import annotations
 
@@ -26,38 +26,46 @@ CAUSES = (
     causes_step.checkpoint,
     causes_step.validation,
 )
-MINOR = 0.01  # found causes costing less than this share of the run's GPU-seconds are listed as minor
+MINOR = 0.01  # found causes costing less than this share of the run's device-seconds are listed as minor
 
 
 @dataclass
 class Report:
     run: RunData
-    findings: list[Finding]  # found ones first, most GPU-seconds lost first
+    findings: list[Finding]  # found ones first, most device-seconds lost first
 
     @property
     def gpu_seconds(self) -> float:
+        """Step time times the devices (GPUs, or CPU processes on a CPU run)."""
         return self.run.step_seconds * self.run.num_gpus
 
     def ranked(self) -> list[Finding]:
         return [f for f in self.findings if f.status == FOUND]
 
+    def share(self, finding: Finding) -> float:
+        return finding.gpu_s_lost / self.gpu_seconds if self.gpu_seconds > 0 else 0.0
+
     def kernel_busy_frac(self) -> float | None:
+        """Union of device kernels over the profiled steps' wall time; None without traces, and on a CPU run, whose
+        traces hold no device kernels."""
         traces = (self.run.summary or {}).get("traces", [])
         wall = sum(t["wall_ms"] for t in traces)
-        return sum(t["busy_ms"] for t in traces) / wall if wall > 0 else None
+        if not self.run.on_gpu or wall <= 0:
+            return None
+        return sum(t["busy_ms"] for t in traces) / wall
 
     def to_json(self) -> dict:
         return {
             "run_dir": str(self.run.run_dir),
             "num_steps": len(self.run.steps),
+            "device": self.run.device,
             "num_gpus": self.run.num_gpus,
             "step_seconds": self.run.step_seconds,
             "gpu_seconds": self.gpu_seconds,
             "kernel_busy_frac": self.kernel_busy_frac(),
             "gpu_util_mean": self.run.mean("perf/gpu_util/step"),
             "causes": [
-                {**f.to_json(), "share": f.gpu_s_lost / self.gpu_seconds if self.gpu_seconds > 0 else None}
-                for f in self.findings
+                {**f.to_json(), "share": self.share(f) if self.gpu_seconds > 0 else None} for f in self.findings
             ],
         }
 
@@ -72,9 +80,13 @@ def format_report(report: Report) -> str:
     run = report.run
     if not run.steps:
         return f"{run.run_dir}: no training step in metrics.jsonl yet: nothing to diagnose"
+    unit = run.unit
+    seconds = "GPU-s" if unit == "GPU" else "device-s"
+    where = {"GPU": f"{run.num_gpus} GPU(s)", "CPU": "CPU" if run.num_gpus == 1 else f"CPU ({run.num_gpus} ranks)"}
+    where = where.get(unit, f"{run.num_gpus} device(s)")
     lines = [
-        f"{run.run_dir}: {len(run.steps)} steps, {run.step_seconds:.1f} s of step time on {run.num_gpus} GPU(s) "
-        f"= {report.gpu_seconds:.1f} GPU-s"
+        f"{run.run_dir}: {len(run.steps)} steps, {run.step_seconds:.1f} s of step time on {where} "
+        f"= {report.gpu_seconds:.1f} {seconds}"
     ]
     measures = []
     busy = report.kernel_busy_frac()
@@ -89,15 +101,16 @@ def format_report(report: Report) -> str:
     ranked = report.ranked()
     major = [f for f in ranked if f.gpu_s_lost >= MINOR * report.gpu_seconds]
     lines.append("")
-    lines.append("Idle time by cause (estimated GPU-seconds lost):" if major else "No significant idle cause found.")
+    idle = f"Idle time by cause (estimated {'GPU' if unit == 'GPU' else 'device'}-seconds lost):"
+    lines.append(idle if major else "No significant idle cause found.")
     for i, f in enumerate(major, 1):
-        share = f.gpu_s_lost / report.gpu_seconds if report.gpu_seconds > 0 else 0.0
-        lines.append(f"{i:2d}. {f.title}: {f.gpu_s_lost:.1f} GPU-s ({100 * share:.1f}% of the run)")
+        lines.append(f"{i:2d}. {f.title}: {f.gpu_s_lost:.1f} {seconds} ({100 * report.share(f):.1f}% of the run)")
         lines += [f"      evidence: {e}" for e in f.evidence]
         lines += [f"      change:   {c}" for c in f.changes]
+        lines += [f"      note:     {n}" for n in f.notes]
     minor = [f for f in ranked if f not in major]
     if minor:
-        lines.append("Minor (< 1% each): " + ", ".join(f"{f.title} ({f.gpu_s_lost:.1f} GPU-s)" for f in minor))
+        lines.append("Minor (< 1% each): " + ", ".join(f"{f.title} ({f.gpu_s_lost:.1f} {seconds})" for f in minor))
     no_data = [f for f in report.findings if f.status == NO_DATA]
     if no_data:
         lines.append("Not checked, evidence missing from the run:")
