@@ -36,15 +36,14 @@ import numpy as np
 
 from nonstop.bench.env import default_result_path, environment, write_result
 from nonstop.bench.shapes import model_config, tiny_config
-from nonstop.bench.trainer_step import (
-    add_samples_per_prompt,
+from nonstop.bench.trainer_inputs import (
     prompt_texts,
-    run_nonstop,
     write_model_dir,
     write_prompts,
     write_reward_fn,
     write_tokenizer_dir,
 )
+from nonstop.bench.trainer_step import add_samples_per_prompt, run_nonstop
 from nonstop.dist import destroy_process_group, init_process_group, is_rank_zero
 from nonstop.trainer.build import resolve_device
 
