@@ -110,7 +110,7 @@ def nonstop_frames(events: list[dict]) -> list[tuple[float, float, str]]:
 def aggregate(frames: list[tuple[float, float, str]], found: list[tuple[float, float]], top: int):
     """(idle ms, name) summed over the gaps `found` (disjoint): the nonstop functions the host was in while the GPU
     waited, each frame counted where `counted_overlap` counts it. A sweep: each frame
-    visits only the gaps it overlaps (the step has ~1,400 gaps >= 20 us and ~10^5 frames)."""
+    visits only the gaps it overlaps (a step has thousands of gaps and far more frames)."""
     found = sorted(found)
     starts, ends = [a for a, _ in found], [b for _, b in found]
     totals: dict[str, float] = {}
