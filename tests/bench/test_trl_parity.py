@@ -15,7 +15,7 @@ from test_trainer_step import TINY
 
 from nonstop.bench import trainer_inputs
 from nonstop.bench.trl_parity import cli, report
-from nonstop.bench.trl_parity.inputs import Task, train_order
+from nonstop.bench.trl_parity.inputs import Task, identity, prepare_model, train_order
 from nonstop.bench.trl_parity.plan import Plan, validation_steps
 from nonstop.bench.trl_parity.settings import check_matchable, grpo_kwargs, matched_pairs
 from nonstop.data import read_rows
@@ -23,7 +23,8 @@ from nonstop.profiling.timeline import read_jsonl
 
 trl = pytest.importorskip("trl")
 
-LLAMA_TINY = replace(TINY, model_type="llama")  # transformers loads the word tokenizer beside a llama config
+# transformers loads the word tokenizer beside a llama config; llama's attention_bias would add an o_proj bias
+LLAMA_TINY = replace(TINY, model_type="llama", attention_bias=False)
 ARGS = ["--steps", "2", "--prompts", "2", "--n", "2", "--response-len", "4", "--test-freq", "2", "--seeds", "0,1"]
 
 
@@ -50,6 +51,15 @@ def test_the_same_model_and_prompts_on_both_sides(planned):
     assert found["parameters_differing"] == [] and found["prompts_differing"] == 0 and found["prompts"] == 10
     assert found["nonstop_stop_token_ids"] == found["trl_eos_token_ids"] == [1]
     assert found["first_prompt_logits_max_abs_diff"] < 1e-5
+
+
+def test_a_model_transformers_reads_differently_is_refused(tmp_path, planned):
+    _, _, pool = planned
+    # transformers' llama with attention_bias also has an o_proj bias, which nonstop's model has no place for.
+    trainer_inputs.write_model_dir(replace(TINY, model_type="llama"), tmp_path / "source", torch.device("cpu"))
+    model_dir = prepare_model(str(tmp_path / "source"), tmp_path / "model")
+    with pytest.raises(ValueError, match="o_proj.bias"):
+        identity(model_dir, pool)
 
 
 def test_each_seed_has_its_own_order_of_the_pool_epoch_after_epoch(planned):

@@ -121,7 +121,11 @@ def identity(model_dir: Path, rows: list[PromptRow]) -> dict[str, Any]:
     ours = load_hf_model(model_dir, torch.float32, "cpu")
     theirs = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     reference = theirs.state_dict()
-    differing = [name for name, p in ours.named_parameters() if not torch.equal(p, reference[name])]
+    named = dict(ours.named_parameters())
+    differing = [name for name, p in named.items() if name not in reference or not torch.equal(p, reference[name])]
+    # transformers' own extras (a tied head aside), e.g. an o_proj bias nonstop's model has no place for
+    tied = ours.config.tie_word_embeddings
+    differing += [name for name in reference if name not in named and not (tied and name == "lm_head.weight")]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     conversations = [row.prompt for row in rows]
     ids = tokenize_chats(tokenizer, conversations, {})
