@@ -18,9 +18,11 @@ samples, 32-token responses, lr 1e-5 constant; the settings `settings.py` matche
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -43,6 +45,8 @@ from nonstop.bench.trl_parity.inputs import (
 from nonstop.bench.trl_parity.plan import SIDES, Plan, run_name
 from nonstop.bench.trl_parity.report import compare, load_curves, plot, table, write
 from nonstop.bench.trl_parity.settings import LOSS_TYPES, pairs_table
+
+STOP_GRACE_S = 15.0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -167,6 +171,13 @@ def worker_command(work: Path, side: str, seed: int, alone: bool) -> list[str]:
     return [*command, "--worker", side, str(seed), *(["--alone"] if alone else [])]
 
 
+def stop(proc: subprocess.Popen, sig: int) -> None:
+    """`sig` to a run's process group (the run and what it started, e.g. reward workers), unless it has ended."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+
+
 def launch(
     runs: list[tuple[str, int, bool]],
     work: Path,
@@ -174,31 +185,39 @@ def launch(
     deadline: float | None,
     command: Callable[[Path, str, int, bool], list[str]] = worker_command,
 ) -> dict[str, Any]:
-    """Each run as its own process (`worker_command`), `jobs` at a time, its output in `work/logs/<run>.log`; a
-    run still going at `deadline` is terminated, one not started by then is not. Returns each run's exit status
-    and seconds."""
+    """Each run as its own process group (`worker_command`), `jobs` at a time, its output in `work/logs/<run>.log`;
+    at `deadline` the groups still running are stopped (SIGTERM, SIGKILL after `STOP_GRACE_S`) and the runs not
+    started stay so. Returns each run's exit status and seconds."""
     (work / "logs").mkdir(exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # each log shows how far its run got
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))  # the host's cores, shared
     pending, running, status = list(runs), {}, {}
+    stopping_since = None
     while pending or running:
-        while pending and len(running) < jobs and (deadline is None or time.time() < deadline):
+        while pending and len(running) < jobs and stopping_since is None:
             side, seed, alone = pending.pop(0)
             name = run_name(side, seed, alone)
             log = (work / "logs" / f"{name}.log").open("w")
-            proc = subprocess.Popen(command(work, side, seed, alone), stdout=log, stderr=subprocess.STDOUT, env=env)
+            proc = subprocess.Popen(
+                command(work, side, seed, alone), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
             running[name] = (proc, log, time.time())
             print(f"started {name}", flush=True)
-        if deadline is not None and time.time() >= deadline:
-            for name in [run_name(*r) for r in pending]:
-                status[name] = {"rc": None, "note": "not started: out of budget"}
+        if deadline is not None and time.time() >= deadline and stopping_since is None:
+            stopping_since = time.time()
+            status |= {run_name(*r): {"rc": None, "note": "not started: out of budget"} for r in pending}
             pending = []
             for proc, _, _ in running.values():
-                proc.terminate()
+                stop(proc, signal.SIGTERM)
+        if stopping_since is not None and time.time() - stopping_since > STOP_GRACE_S:
+            for proc, _, _ in running.values():
+                stop(proc, signal.SIGKILL)
         for name, (proc, log, started) in list(running.items()):
             if proc.poll() is not None:
                 log.close()
                 status[name] = {"rc": proc.returncode, "wall_s": time.time() - started}
+                if stopping_since is not None:
+                    status[name]["note"] = "stopped at the deadline"
                 print(f"finished {name}: rc {proc.returncode}, {status[name]['wall_s']:.0f} s", flush=True)
                 del running[name]
         time.sleep(0.5)
