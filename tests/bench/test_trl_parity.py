@@ -202,6 +202,8 @@ def test_checks_by_hand():
     rows = [{"mean": m, "train_s": t} for m, t in ((0.2, 1.0), (0.9, 2.0), (0.9, 3.0))]
     assert report.time_to_reach(rows, 0.6, window=2) == 3.0  # (0.2 + 0.9) / 2 = 0.55; (0.9 + 0.9) / 2 = 0.9
     assert report.step_time(ours) == 1.0 and report.step_time(theirs) == 10.0
+    first = result["first_step"]["nonstop"]["reward"]
+    assert [(r["step"], r["mean"]) for r in first] == [(1, pytest.approx(0.2))]
     text = report.table(result, last=2)
     assert "FAIL" in text and "TRL / nonstop 10.0x" in text
     assert json.loads(json.dumps(result)) == result

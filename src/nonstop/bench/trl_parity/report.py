@@ -46,6 +46,8 @@ def curve(rows: list[dict[str, Any]], samples_per_step: int) -> list[dict[str, A
             )
             elapsed += point["step_s"]
             point["train_s"] = elapsed
+        if row.get("response_length/mean") is not None:
+            point["response_length"] = row["response_length/mean"]
         point.update(
             {k: v for k, v in row.items() if k.startswith(("val/", "actor/lr")) and isinstance(v, int | float)}
         )
@@ -110,6 +112,11 @@ def compare(curves: dict[str, dict[int, list]], timing: dict[str, dict[int, list
     val_keys = sorted({k for per in curves.values() for pts in per.values() for p in pts for k in p if k[:4] == "val/"})
     result["val_bands"] = {k: {side: band(per, k) for side, per in curves.items()} for k in val_keys}
     result["last_steps"] = {side: last_steps(per_seed, last) for side, per_seed in curves.items()}
+    # Step 1 samples the starting model on both sides: its reward and lengths should agree within the seeds' spread.
+    result["first_step"] = {
+        side: {key: band(per_seed, key)[:1] for key in ("reward", "response_length")}
+        for side, per_seed in curves.items()
+    }
     result["step_s"] = {side: step_time(per_seed) for side, per_seed in curves.items()}
     result["step_s_alone"] = {side: step_time(per_seed) for side, per_seed in timing.items()}
     if not {"nonstop", "trl"} <= curves.keys():
@@ -165,6 +172,9 @@ def table(result: dict[str, Any], last: int, every: int = 1) -> str:
         for side, rows in per_side.items():
             cells = ", ".join(f"step {r['step']}: {r['mean']:.3f} ± {r['std']:.3f}" for r in rows)
             lines.append(f"{key} ({side}, greedy): {cells}")
+    for side, first in result["first_step"].items():
+        cells = [f"{key} {rows[0]['mean']:.3f} ± {rows[0]['std']:.3f}" for key, rows in first.items() if rows]
+        lines.append(f"step 1 (the starting model's samples), {side}: " + ", ".join(cells))
     for side, summary in result["last_steps"].items():
         lines.append(f"last {last} steps, {side}: {summary['mean']:.3f} ± {summary['std']:.3f} over seeds")
     if "check_last_steps" in result:
