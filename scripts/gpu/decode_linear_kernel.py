@@ -1,5 +1,5 @@
-"""A probe's kernel (scripts/gpu/decode_probe.py), not used by the engine: on the H200 it ran 1.5-3x slower than
-cuBLAS plus the separate kernels it would replace (docs/dev-log.md, eighth session). A Triton projection for
+"""A probe's kernel (scripts/gpu/decode_probe.py), not used by the engine: it ran slower than cuBLAS plus the
+separate kernels it would replace (docs/dev-log.md). A Triton projection for
 decode-sized batches with the decoder's neighbouring elementwise work fused in: the residual add and RMSNorm in
 front of the product, the bias and SiLU-and-mul behind it.
 

@@ -85,7 +85,7 @@ for step in ${STEPS:-tests rollout}; do case $step in
     [ "$(stat -c %s /tmp/gaps/trace.json.gz 2>/dev/null || echo 999999999)" -lt 16000000 ] && cp /tmp/gaps/trace.json.gz "$OUT/gaps-trace.json.gz" ;;
   logprob) t b_logprob 40 python3 -m nonstop bench logprob --out "$OUT/logprob.json" ;;
   modes|modes_a|modes_b)  # modes_a / modes_b: sync beside one of the overlap modes, each in its own call's limits (a
-    # cold inductor cache costs ~180 s of FlexAttention compiles in the first mode's second step)
+    # cold inductor cache spends minutes on FlexAttention compiles in the first mode's second step)
     hi=async_training.rollout_stream_priority=high  # the decode stream ahead of the update's: an A/B in the same run
     case $step in modes) m=sync,one_step_off,async ;; modes_a) m=sync,one_step_off,one_step_off+$hi ;;
       modes_b) m=sync,async,async+$hi ;; esac

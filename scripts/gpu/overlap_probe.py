@@ -1,5 +1,5 @@
 """Would two half-batches on two CUDA streams fill the GPU better than one decode batch? A development probe for the
-rollout engine's decode step (issue 3): most of a step's ~250 kernels leave SMs idle (small GEMMs of 50-100 tiles,
+rollout engine's decode step (issue 3): most of a step's kernels leave SMs idle (small GEMMs of few tiles,
 attention in two waves, launch ramps and tails), and a second, independent half of the batch could run in those
 gaps.
 

@@ -110,7 +110,7 @@ def nonstop_frames(events: list[dict]) -> list[tuple[float, float, str]]:
 def aggregate(frames: list[tuple[float, float, str]], found: list[tuple[float, float]], top: int):
     """(idle ms, name) summed over the gaps `found` (disjoint): the nonstop functions the host was in while the GPU
     waited, each frame counted where `counted_overlap` counts it. A sweep: each frame
-    visits only the gaps it overlaps (the step has ~1,400 gaps >= 20 us and ~10^5 frames)."""
+    visits only the gaps it overlaps (a step has thousands of gaps and far more frames)."""
     found = sorted(found)
     starts, ends = [a for a, _ in found], [b for _, b in found]
     totals: dict[str, float] = {}
@@ -141,6 +141,7 @@ def main() -> int:
     ap.add_argument("--gaps", type=int, default=6)
     ap.add_argument("--out", default="/tmp/step_gaps")
     known, rest = ap.parse_known_args()
+    from nonstop.bench import trainer_inputs as inputs
     from nonstop.bench import trainer_step as ts
     from nonstop.bench.shapes import model_config
     from nonstop.config import load_config
@@ -151,10 +152,10 @@ def main() -> int:
     work = out / "work"
     cfg = model_config(args.shape)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    ts.write_model_dir(cfg, work / "model", device)
-    ts.write_tokenizer_dir(cfg.vocab_size, work / "tokenizer")
-    ts.write_prompts(work / "prompts.jsonl", ts.prompt_texts(args.prompts, args.prompt_len, cfg.vocab_size))
-    ts.write_reward_fn(work / "reward.py")
+    inputs.write_model_dir(cfg, work / "model", device)
+    inputs.write_tokenizer_dir(cfg.vocab_size, work / "tokenizer")
+    inputs.write_prompts(work / "prompts.jsonl", inputs.prompt_texts(args.prompts, args.prompt_len, cfg.vocab_size))
+    inputs.write_reward_fn(work / "reward.py")
     args.warmup, args.steps = known.step, 0
     trainer = build_trainer(load_config(None, ts.nonstop_overrides(work, args)), console=False)
     try:

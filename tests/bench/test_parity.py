@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from nonstop.bench import parity, trainer_step
+from nonstop.bench import parity, trainer_inputs
 from nonstop.bench.shapes import tiny_config
 from nonstop.profiling.timeline import read_jsonl
 
@@ -17,10 +17,10 @@ TINY = tiny_config(vocab_size=64, tie_word_embeddings=True, attention_bias=True)
 
 
 def tiny_overrides(tmp_path) -> list[str]:
-    trainer_step.write_model_dir(TINY, tmp_path / "model", torch.device("cpu"))
-    trainer_step.write_tokenizer_dir(TINY.vocab_size, tmp_path / "tokenizer")
-    trainer_step.write_prompts(tmp_path / "prompts.jsonl", trainer_step.prompt_texts(8, 5, TINY.vocab_size))
-    trainer_step.write_reward_fn(tmp_path / "reward.py")
+    trainer_inputs.write_model_dir(TINY, tmp_path / "model", torch.device("cpu"))
+    trainer_inputs.write_tokenizer_dir(TINY.vocab_size, tmp_path / "tokenizer")
+    trainer_inputs.write_prompts(tmp_path / "prompts.jsonl", trainer_inputs.prompt_texts(8, 5, TINY.vocab_size))
+    trainer_inputs.write_reward_fn(tmp_path / "reward.py")
     return [
         f"actor_rollout_ref.model.path={tmp_path / 'model'}",
         f"actor_rollout_ref.model.tokenizer_path={tmp_path / 'tokenizer'}",
@@ -33,7 +33,7 @@ def tiny_overrides(tmp_path) -> list[str]:
         "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "actor_rollout_ref.actor.optim.lr=1e-2",
         f"custom_reward_function.path={tmp_path / 'reward.py'}",
-        f"custom_reward_function.name={trainer_step.REWARD_NAME}",
+        f"custom_reward_function.name={trainer_inputs.REWARD_NAME}",
         "trainer.val_before_train=False",
         "trainer.device=cpu",
     ]

@@ -1,8 +1,8 @@
 """`nonstop bench block-mask`: host time to build a prefix-grouped micro-batch's FlexAttention block mask.
 
-The update waits for the block mask with the GPU idle: the compiled `create_block_mask` took 3-8 ms of host time per
-micro-batch in an H200 profile. Compared at each token count, on one random GRPO-like layout packed to that count
-(groups of `--n` responses of 0..1000 tokens, prompts of 1..300): `prefix_grouped_block_mask` (`create_block_mask`
+The update waits for the block mask with the GPU idle: the compiled `create_block_mask` costs milliseconds of host
+time per micro-batch (docs/dev-log.md). Compared at each token count, on one random GRPO-like layout packed to that
+count (groups of `--n` responses of 0..1000 tokens, prompts of 1..300): `prefix_grouped_block_mask` (`create_block_mask`
 over the rule, compiled on CUDA, eager elsewhere) and `layout_block_mask` (tiles from the host layout). Reported: host
 wall time per call, median of `--repeats` after `--warmup`, the labels already on the device and no synchronisation
 inside the timed call (on CUDA the device work runs behind it, as in the update). Both masks are checked equal.

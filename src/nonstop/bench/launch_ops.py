@@ -1,6 +1,6 @@
 """`nonstop bench launch-ops`: torch ops the host dispatches per decode step outside CUDA-graph replays, on CPU.
 
-The host cost of a decode step at small batch is its eager ops (~10-20 us each on the H200 machine: Python, dispatch,
+The host cost of a decode step at small batch is its eager ops (each pays Python, dispatch and
 launch). This counts them with a `TorchDispatchMode` around `ModelRunner.launch` for decode launches of a tiny model,
 with the graph path simulated: `DecodeGraphs` records nothing and a replay runs `decode_launch` uncounted, so what is
 counted is what a CUDA launch dispatches besides its one replay (captures are not counted either). `--eager` counts

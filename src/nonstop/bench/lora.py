@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from nonstop.bench import trainer_step
+from nonstop.bench import trainer_inputs, trainer_step
 from nonstop.models.config import ModelConfig
 
 VARIANTS = ("full", "lora", "lora-bf16")
@@ -76,11 +76,11 @@ def run(model_config: ModelConfig, args: argparse.Namespace, work: Path) -> dict
     """Write the shared inputs once, then run each variant in order; a variant that raises is recorded with its error
     and the next still runs."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    trainer_step.write_model_dir(model_config, work / "model", device)
-    trainer_step.write_tokenizer_dir(model_config.vocab_size, work / "tokenizer")
-    texts = trainer_step.prompt_texts(args.prompts, args.prompt_len, model_config.vocab_size)
-    trainer_step.write_prompts(work / "prompts.jsonl", texts)
-    trainer_step.write_reward_fn(work / "reward.py")
+    trainer_inputs.write_model_dir(model_config, work / "model", device)
+    trainer_inputs.write_tokenizer_dir(model_config.vocab_size, work / "tokenizer")
+    texts = trainer_inputs.prompt_texts(args.prompts, args.prompt_len, model_config.vocab_size)
+    trainer_inputs.write_prompts(work / "prompts.jsonl", texts)
+    trainer_inputs.write_reward_fn(work / "reward.py")
     result: dict[str, Any] = {"variants": {}}
     for name in args.variants:
         try:

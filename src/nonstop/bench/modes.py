@@ -8,7 +8,7 @@ same tokens for the same prompt and only the overlap differs. Pseudo-random rewa
 
 Per mode: the mean step wall time over the `--steps` steps after `--warmup` (one `trainer.step` call: in the overlap
 modes the rollouter generates the next blocks meanwhile, so one step's generation spills into the next and per-step
-times alternate — 0.97 to 3.2 s around a 2.1 s mean on the H200 — which a median misstates; the median is kept as
+times alternate between short and long ones, which a median misstates; the median is kept as
 `step_s_median`), throughput = (prompt + response tokens) / step time, samples/s, the ratio to sync,
 `trainer/idle_ratio`, `rollouter/idle_ratio`, staleness, weight-sync time, and the kernel-busy fraction (union of all
 CUDA kernels, both streams, over the step's wall time) from a torch.profiler trace of one more step after the timed
@@ -36,15 +36,14 @@ import numpy as np
 
 from nonstop.bench.env import default_result_path, environment, write_result
 from nonstop.bench.shapes import model_config, tiny_config
-from nonstop.bench.trainer_step import (
-    add_samples_per_prompt,
+from nonstop.bench.trainer_inputs import (
     prompt_texts,
-    run_nonstop,
     write_model_dir,
     write_prompts,
     write_reward_fn,
     write_tokenizer_dir,
 )
+from nonstop.bench.trainer_step import add_samples_per_prompt, run_nonstop
 from nonstop.dist import destroy_process_group, init_process_group, is_rank_zero
 from nonstop.trainer.build import resolve_device
 
@@ -117,8 +116,8 @@ def run_mode(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any] 
         "global_profiler.tool=torch",
         f"global_profiler.steps=[{profiled}]",
         f"trainer.default_local_dir={run_dir}",
-        # 16k-token micro-batches: the default (the whole mini-batch, ~100k tokens at 32 x 8 long-tailed samples)
-        # ran the H200 out of memory in the update (138 GB of activations).
+        # 16k-token micro-batches: the default (the whole mini-batch in one) runs out of GPU memory in the update at
+        # 32 x 8 long-tailed samples.
         "actor_rollout_ref.actor.use_dynamic_bsz=True",
         "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384",
         *args.override,

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from nonstop.bench.env import environment, work_dir
-from nonstop.cli.train_cmd import config_from_args
+from nonstop.config.embedded import run_config
 from nonstop.profiling.timeline import read_jsonl
 
 MODES = ("sync", "one_step_off", "async")
@@ -109,7 +109,7 @@ def run_mode(mode: str, work: Path, args: argparse.Namespace) -> list[dict[str, 
 
     run_dir = work / mode
     # As `nonstop train` reads them: no config and no data.train_files = the embedded default run.
-    config = config_from_args([*([args.config] if args.config else []), *mode_overrides(mode, run_dir, args)])
+    config = run_config(args.config, mode_overrides(mode, run_dir, args))
     # `nonstop train` launches n_gpus_per_node x nnodes ranks; this process would train the config on one rank and
     # report it as that config's curve.
     num_ranks = (config.trainer.n_gpus_per_node or 1) * config.trainer.nnodes

@@ -216,7 +216,7 @@ def run_transformers(shape: str, model: CausalLM, prompts, out_lens, args) -> di
     """The same prompts through `transformers.generate` (dynamic cache, sampling). Prompts of one length batch
     without padding; mixed lengths are left-padded. A static batch runs every row to the longest request, so only
     the requested tokens count as output. Timed `args.hf_repeats` times; the fastest run is reported, so the ratio
-    against it is the conservative one (its host-bound loop varied by ~14% between runs on the H200)."""
+    against it is the conservative one (its host-bound loop varies from run to run)."""
     import transformers
 
     hf_config = transformers.AutoConfig.for_model(**hf_config_dict(shape))

@@ -21,6 +21,7 @@ BENCHMARKS = {
     "rollout": "nonstop.bench.rollout",
     "spec": "nonstop.bench.spec",
     "trainer": "nonstop.bench.trainer_step",
+    "trl-parity": "nonstop.bench.trl_parity.cli",
 }
 
 

@@ -26,15 +26,9 @@ def register(subparsers) -> None:
 
 
 def config_from_args(items: list[str], dropped: list | None = None):
-    from nonstop.config import EMBEDDED_RUN_OVERRIDES, load_config
+    from nonstop.config.embedded import run_config
 
-    path, overrides = split_config_args(items)
-    # The embedded run's sizes apply only to the built-in task: a pasted verl command line that names its own data
-    # (data.train_files=...) means what it meant in verl, on verl's defaults.
-    own_data = any(o.lstrip("+").startswith("data.train_files=") for o in overrides)
-    if path is None and not own_data:
-        overrides = [*EMBEDDED_RUN_OVERRIDES, *overrides]
-    return load_config(path, overrides, dropped)
+    return run_config(*split_config_args(items), dropped)
 
 
 def run(args: argparse.Namespace) -> int:

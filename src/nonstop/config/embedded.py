@@ -5,6 +5,14 @@ The schema's defaults are verl's, so a pasted verl command line means what it me
 applied before the user's overrides only when `nonstop train` is given no config file.
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .assign import Dropped
+from .loader import load_config
+from .root import NonstopConfig
+
 EMBEDDED_RUN_OVERRIDES: tuple[str, ...] = (
     "algorithm.adv_estimator=grpo",
     "data.train_batch_size=8",
@@ -18,3 +26,14 @@ EMBEDDED_RUN_OVERRIDES: tuple[str, ...] = (
     "trainer.test_freq=6",
     "trainer.experiment_name=smollm2_builtin",
 )
+
+
+def run_config(path: str | None, overrides: Sequence[str], dropped: list[Dropped] | None = None) -> NonstopConfig:
+    """The config `nonstop train [CONFIG.yaml] [key=value ...]` trains: the file with the overrides, or, without a
+    file, the embedded run with the overrides on top. The embedded run's sizes apply only to the built-in task: a
+    pasted verl command line that names its own data (`data.train_files=...`) means what it meant in verl, on verl's
+    defaults. Verl keys nonstop drops are appended to `dropped`."""
+    own_data = any(o.lstrip("+").startswith("data.train_files=") for o in overrides)
+    if path is None and not own_data:
+        overrides = [*EMBEDDED_RUN_OVERRIDES, *overrides]
+    return load_config(path, overrides, dropped)
