@@ -4,6 +4,7 @@ repeat themselves and drafts are accepted, shows a smaller share of the cause.""
 
 import json
 
+from real_runs import use_engine
 from test_doctor_real_runs import measured, real_run
 
 from nonstop.cli import main
@@ -18,7 +19,7 @@ def config_engine(trainer) -> None:
     """The engine the trainer builds from its config (`engine_args`, as `build_engine` does), on the CPU: the test
     helpers' engine takes fixed arguments instead."""
     args = {**vars(engine_args(trainer.config)), "num_kv_blocks": 256}
-    trainer.llm = LLM(trainer.model, tokenizer=trainer.tokenizer, device="cpu", **args)
+    use_engine(trainer, LLM(trainer.model, tokenizer=trainer.tokenizer, device="cpu", **args))
 
 
 def spec_finding(run_dir, capsys) -> tuple[dict, float]:

@@ -113,14 +113,14 @@ def test_trainer_with_a_reward_model(rm_path, tmp_path, combine):
     )
     trainer = make_trainer(tmp_path / "run", overrides)
     seen = []
-    real = trainer._collect_scores
+    real = trainer.scorer.collect
 
     def spy(batch, prefix):
         scores_B, extras = real(batch, prefix)
         seen.append((batch, scores_B))
         return scores_B, extras
 
-    trainer._collect_scores = spy
+    trainer.scorer.collect = spy
     try:
         history = trainer.fit()
     finally:
@@ -130,7 +130,7 @@ def test_trainer_with_a_reward_model(rm_path, tmp_path, combine):
     batch, scores_B = seen[0]
     decode = trainer.tokenizer.decode
     texts = [decode(s.prompt_token_ids) + decode(s.response_token_ids) for s in batch.samples]
-    expected_B = trainer.reward_model.score_texts(texts)
+    expected_B = trainer.scorer.reward_model.score_texts(texts)
     if combine == "sum":
         expected_B += torch.tensor([seven_fraction("", decode(s.response_token_ids), "") for s in batch.samples])
     torch.testing.assert_close(scores_B, expected_B, rtol=1e-5, atol=1e-5)
