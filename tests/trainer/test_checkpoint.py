@@ -13,7 +13,12 @@ from nonstop.trainer import checkpoint as ckpt_mod
 
 TIMING_PREFIXES = ("timing_s/", "perf/")
 # Fractions of generation wall time: they vary from run to run like the timings themselves.
-WALL_TIME_WEIGHTED = {"rollout/tail_frac", "rollout/tail_batch_fill", "rollout/kv_blocked_frac"}
+WALL_TIME_WEIGHTED = {
+    "rollout/tail_frac",
+    "rollout/tail_batch_fill",
+    "rollout/kv_blocked_frac",
+    "rollout/small_batch_frac",
+}
 
 
 def comparable(path) -> list[dict]:

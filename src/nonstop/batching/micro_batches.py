@@ -19,6 +19,7 @@ from torch import Tensor
 
 from nonstop.batching.balancing import fixed_micro_batches, split_to_count, token_budget_micro_batches
 from nonstop.batching.batch import RolloutBatch
+from nonstop.batching.memory_budget import MicroBatchBudget
 from nonstop.batching.packing import PackedBatch, pack_sequences
 from nonstop.batching.prefix_grouping import (
     PrefixGroupedBatch,
@@ -35,12 +36,24 @@ from nonstop.dist.process_group import current
 @dataclass(frozen=True)
 class MicroBatching:
     """One pass's micro-batch rule, from its config keys (verl's): a token budget when `use_dynamic_bsz`, else
-    `micro_batch_size` samples (None = all of them). `key` names the budget's config key in errors."""
+    `micro_batch_size` samples; neither set: a token budget sized by `budget` (memory_budget.py) when the pass has
+    one, else all samples at once. `key` names the budget's config key in errors."""
 
     use_dynamic_bsz: bool
     max_token_len: int
     micro_batch_size: int | None
     key: str
+    budget: MicroBatchBudget | None = None
+
+    @property
+    def unset(self) -> bool:
+        """Neither a token budget nor a micro-batch size is set: the budget is sized from free memory."""
+        return not self.use_dynamic_bsz and self.micro_batch_size is None
+
+    def with_budget(self, name: str, device: torch.device) -> MicroBatching:
+        """This rule with the memory state of the pass `name` (its metric prefix) on `device`."""
+        budget = MicroBatchBudget.for_device(name, self.key, self.unset, device)
+        return MicroBatching(self.use_dynamic_bsz, self.max_token_len, self.micro_batch_size, self.key, budget)
 
 
 def mini_batches(batch: RolloutBatch, size: int) -> list[list[int]]:
@@ -70,19 +83,24 @@ def micro_batches(
     """Index lists into `rows`' samples: by token budget (whole prompt groups, each costing its prompt once, when
     `grouped`) or by count. Across ranks, every rank gets the largest rank's count."""
     lengths = [batch.total_lengths[r] for r in rows]
-    if rule.use_dynamic_bsz:
+    sized = rule.budget is not None and rule.budget.auto
+    by_tokens = rule.use_dynamic_bsz or sized
+    max_token_len = rule.max_token_len
+    if rule.budget is not None and by_tokens:
+        max_token_len = rule.budget.budget(lengths, None if sized else rule.max_token_len)
+    if by_tokens:
         if grouped:
             prompts = [batch.samples[r].prompt_token_ids for r in rows]
             responses = [batch.response_lengths[r] for r in rows]
-            parts = prefix_grouped_micro_batches(prompts, responses, rule.max_token_len, key=rule.key)
+            parts = prefix_grouped_micro_batches(prompts, responses, max_token_len, key=rule.key)
         else:
-            parts = token_budget_micro_batches(lengths, rule.max_token_len, key=rule.key)
+            parts = token_budget_micro_batches(lengths, max_token_len, key=rule.key)
     else:
         parts = fixed_micro_batches(len(rows), rule.micro_batch_size or len(rows))
     count = all_reduce_max(len(parts), device)
     if count > len(parts):
-        if rule.use_dynamic_bsz and not grouped:
-            parts = token_budget_micro_batches(lengths, rule.max_token_len, min_num_micro_batches=count, key=rule.key)
+        if by_tokens and not grouped:
+            parts = token_budget_micro_batches(lengths, max_token_len, min_num_micro_batches=count, key=rule.key)
         else:
             parts = split_to_count(parts, lengths, count)
     return [[rows[i] for i in part] for part in parts]

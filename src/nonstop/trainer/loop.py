@@ -82,8 +82,10 @@ class Trainer:
             model, arr.actor, rollout.n, self.total_steps, self.sampling.train.temperature, compute_dtype,
             rollout_correction=config.algorithm.rollout_correction,
         )  # fmt: skip
-        self.old_log_prob_batching = log_prob_micro_batching(rollout, "actor_rollout_ref.rollout")
-        self.ref_log_prob_batching = log_prob_micro_batching(arr.ref, "actor_rollout_ref.ref")
+        self.old_log_prob_batching = log_prob_micro_batching(
+            rollout, "actor_rollout_ref.rollout", "actor/log_prob", self.device
+        )
+        self.ref_log_prob_batching = log_prob_micro_batching(arr.ref, "actor_rollout_ref.ref", "ref", self.device)
         self.critic = build_critic(config, model, critic_model, self.total_steps, compute_dtype)
         self.dist = current()
         # Estimators that whiten over the batch (gae, reinforce++) do it over every rank's share: the global batch's.
@@ -225,6 +227,9 @@ class Trainer:
         if trains_actor or self.source.publishes_every_step:  # a new policy version, weights changed or not
             with rec("update_weights"):
                 self.source.publish_weights(step)
+        for rule, ran in ((self.old_log_prob_batching, old_log_prob_BL), (self.ref_log_prob_batching, ref_log_prob_BL)):
+            if ran is not None:  # the pass's budget and out-of-memory retries (batching/memory_budget.py)
+                metrics.update(rule.budget.pop_metrics())
         metrics.update(self.scorer.pop_metrics())
         metrics.update(samples.metrics)
         metrics["perf/total_num_tokens"] = float(tokens)
