@@ -98,6 +98,7 @@ class Trainer:
         self.profiler = RunProfiler.from_config(config.global_profiler, rank_dir, self.device, self.dist.rank)
         self.num_params = sum(p.numel() for p in model.parameters())
         self.nonfinite_streak = 0
+        self.resumed_metrics_row: dict[str, float | None] | None = None  # set by resume_run
         self.heap_frozen = False
         self.scorer = Scorer(config, reward_pool, tokenizer, reward_model)
         self.generation = colocated_generation(config, llm, self.actor, self.scorer, self.sampling, self.dist)
@@ -118,19 +119,22 @@ class Trainer:
 
     def fit(self) -> list[dict[str, float]]:
         """Train up to `total_steps` (continuing from a checkpoint per `trainer.resume_mode`); returns the metrics of
-        the steps run by this call (all steps are in `RUN_DIR/metrics.jsonl`)."""
+        the steps run by this call (all steps are in `RUN_DIR/metrics.jsonl`). Ctrl-C stops it between two lines of
+        its log: the finished steps' metrics and the plots are written, one line says where it stopped, and the
+        `KeyboardInterrupt` goes on to the caller."""
         trainer_cfg = self.config.trainer
         self.log.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.rank_zero:
-            (self.run_dir / "config.yaml").write_text(config_to_yaml(self.config))
         resumed = self.resume()
+        if self.rank_zero:  # after the resume: a failed one leaves the run's config.yaml as it was
+            (self.run_dir / "config.yaml").write_text(config_to_yaml(self.config))
         start = resumed or 0
         loggers = trainer_cfg.logger if self.rank_zero else []
         names = (trainer_cfg.project_name, trainer_cfg.experiment_name)
         self.log.sinks = build_sinks(loggers, self.run_dir, *names, dataclasses.asdict(self.config))
-        self.log.start(self.total_steps, resumed)
+        self.log.start(self.total_steps, resumed, self.resumed_metrics_row)
         self.profiler.start(resumed)
         history = []
+        step = start
         try:
             # val_only validates whatever was loaded (a resumed checkpoint included); val_before_train only a fresh run.
             validate_first = trainer_cfg.val_only or (trainer_cfg.val_before_train and resumed is None)
@@ -147,6 +151,12 @@ class Trainer:
                 self.log.write(step, metrics)
                 history.append(metrics)
                 self._check_nonfinite(step, metrics)
+        except KeyboardInterrupt:
+            self.log.close()  # the progress bar ends before the line
+            if self.rank_zero:
+                plot_curves(self.run_dir)
+                print(self._interrupted(step), flush=True)
+            raise
         finally:
             self.source.close()
             self.log.close()
@@ -154,6 +164,11 @@ class Trainer:
         if self.rank_zero:
             plot_curves(self.run_dir)
         return history
+
+    def _interrupted(self, step: int) -> str:
+        latest = latest_checkpoint(self.ckpt_root) if self.ckpt_root.exists() else None
+        resume = f"the same command resumes from {latest}" if latest else "no checkpoint was written yet"
+        return f"interrupted in step {step}: the finished steps' metrics are in {self.log.path}; {resume}"
 
     def step(self, step: int) -> dict[str, float]:
         """One training step, with the validation and checkpoint that fall on it (inside `timing_s/step`, as in
@@ -167,8 +182,8 @@ class Trainer:
                 with rec("validation"):
                     metrics.update(self.validate(step))
             if trainer_cfg.save_freq > 0 and (step % trainer_cfg.save_freq == 0 or last):
-                with rec("checkpoint"):
-                    self.save(step)
+                with rec("checkpoint"):  # the row follows the checkpoint: the checkpoint keeps it, for a resume
+                    self.save(step, reduce_metrics(dict(metrics)) | {"training/global_step": float(step)})
         metrics.update(self.profiler.last.metrics)
         metrics = timed_step_metrics(reduce_metrics(metrics), step, self.num_params, self.device, flops)
         metrics.update(self.source.step_metrics(metrics))
@@ -182,6 +197,7 @@ class Trainer:
         time is known."""
         cfg, ppo_epochs = self.config, self.config.actor_rollout_ref.actor.ppo_epochs
         samples = self.source.next_batch(step, rec)
+        self.scorer.check_all_failed(step)
         batch, scores_B = self._balance(samples, rec)
         if cfg.trainer.rollout_data_dir is not None:
             dump_generations(cfg.trainer.rollout_data_dir, step, self.dist.rank, batch, scores_B, self.tokenizer)
@@ -269,8 +285,8 @@ class Trainer:
         with self.source.paused():
             return validate(self.generation, self.val_loader, self.dist, step, self.config.trainer.validation_data_dir)
 
-    def save(self, step: int) -> Path:
-        return save_run(self, step)
+    def save(self, step: int, metrics_row: dict[str, float] | None = None) -> Path:
+        return save_run(self, step, metrics_row)
 
     def resume(self) -> int | None:
         """Continue from the checkpoint `trainer.resume_mode` names; its step, or None when starting fresh."""
