@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 26's H200 runs, in one device call on one H200 (at most 5.5 minutes: limits 120 + 120 + 90 s): nonstop's GRPO step on a random-weight
-# model of Qwen2.5-0.5B's shape (`nonstop bench trainer --sides nonstop`), with the defaults a new user gets.
+# Issue 26's H200 runs in one device call on one H200 (limits 120 + 120 + 90 s): nonstop's GRPO step on a
+# random-weight model of Qwen2.5-0.5B's shape (`nonstop bench trainer --sides nonstop`), with a new user's defaults.
 #   bash scripts/gpu/first_hour.sh
 # Runs (8 prompts x 8 samples, 256-token responses forced to full length):
 #   mem2k / mem4k  2,048- and 4,096-token prompts, default micro-batching (nothing set: the token budget is sized
