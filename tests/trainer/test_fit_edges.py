@@ -103,3 +103,42 @@ def test_a_reward_that_always_fails_stops_the_run(trainer_factory, tmp_path):
     assert [json.loads(line)["step"] for line in (tmp_path / "r/metrics.jsonl").read_text().splitlines()] == [1]
     state = json.loads((tmp_path / "r/checkpoints/global_step_1/trainer_state.json").read_text())
     assert state["extra"]["reward_all_failed_streak"] == 1  # a resume keeps counting
+
+
+class RecordingBar:
+    """tqdm's surface that MetricsLog uses, recording the phases shown."""
+
+    shown: list[str] = []
+
+    def __init__(self, total, initial, desc, unit):
+        self.n = initial
+
+    def set_postfix_str(self, text):
+        RecordingBar.shown.append(text)
+
+    def write(self, line):
+        pass
+
+    def update(self, k):
+        self.n += k
+
+    def close(self):
+        pass
+
+
+def test_the_progress_bar_names_each_phase_as_it_starts(trainer_factory, tmp_path, monkeypatch):
+    import tqdm
+
+    monkeypatch.setattr(tqdm, "tqdm", RecordingBar)
+    RecordingBar.shown = []
+    overrides = ("trainer.total_training_steps=1", "trainer.val_before_train=True", "trainer.test_freq=-1")
+    trainer = trainer_factory(overrides, run_dir=tmp_path / "r", validate=True)
+    trainer.log.console = True
+    trainer.fit()
+    assert RecordingBar.shown[0] == "validation 1/1"
+    assert [p for p in ("gen", "reward", "update_actor") if p in RecordingBar.shown] == [
+        "gen",
+        "reward",
+        "update_actor",
+    ]
+    assert RecordingBar.shown.index("gen") < RecordingBar.shown.index("update_actor")

@@ -96,6 +96,7 @@ class Trainer:
         rank_dir = self.run_dir if self.rank_zero else self.run_dir / f"rank_{self.dist.rank}"
         self.log = MetricsLog(rank_dir, console=console and self.rank_zero)
         self.profiler = RunProfiler.from_config(config.global_profiler, rank_dir, self.device, self.dist.rank)
+        self.profiler.recorder.on_open = self.log.phase
         self.num_params = sum(p.numel() for p in model.parameters())
         self.nonfinite_streak = 0
         self.resumed_metrics_row: dict[str, float | None] | None = None  # set by resume_run
@@ -283,7 +284,8 @@ class Trainer:
         """The `val/*` metrics at `step` (validation.py), with the engine the source lends."""
         assert self.generation is not None, "build.py refuses validation under split placement"
         with self.source.paused():
-            return validate(self.generation, self.val_loader, self.dist, step, self.config.trainer.validation_data_dir)
+            dump_dir = self.config.trainer.validation_data_dir
+            return validate(self.generation, self.val_loader, self.dist, step, dump_dir, progress=self.log.phase)
 
     def save(self, step: int, metrics_row: dict[str, float] | None = None) -> Path:
         return save_run(self, step, metrics_row)

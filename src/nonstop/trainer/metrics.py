@@ -59,7 +59,8 @@ def finite_or_none(metrics: dict[str, float]) -> dict[str, float | None]:
 
 class MetricsLog:
     """Appends one JSON object per step to `metrics.jsonl` (non-finite floats as null: JSON has no NaN), forwards
-    the step to the `trainer.logger` sinks, and prints the console line above the progress bar."""
+    the step to the `trainer.logger` sinks, and prints the console line above the progress bar, which names the
+    phase running (`phase`)."""
 
     def __init__(self, run_dir: Path, console: bool = True, sinks: Sequence[MetricSink] = ()):
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -82,6 +83,11 @@ class MetricsLog:
             from tqdm import tqdm
 
             self.progress = tqdm(total=total_steps, initial=resume_step or 0, desc="train", unit="step")
+
+    def phase(self, name: str) -> None:
+        """Show the phase now running (the profiler's span names: gen, reward, update_actor, ...) on the bar."""
+        if self.progress is not None:
+            self.progress.set_postfix_str(name)
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         row = {"step": step, **finite_or_none(metrics)}
