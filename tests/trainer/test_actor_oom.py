@@ -11,6 +11,7 @@ import torch
 from test_actor import actor_config, random_batch
 from trainer_helpers import tiny_model
 
+from nonstop.config import load_config
 from nonstop.trainer import Actor
 
 
@@ -147,3 +148,31 @@ def test_cuda_budget_is_measured_and_the_update_equals_one_micro_batch():
     assert metrics["actor/micro_batch_token_budget"] >= max(batch.total_lengths)
     for a, b in zip(grads_sized[0], grads_reference[0], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_out_of_memory_in_the_critic_splits_and_restarts():
+    """The critic's values pass and update use the same retry: values equal, the update's gradients equal."""
+    from nonstop.models.critic_model import CriticModel
+    from nonstop.trainer.critic import Critic
+
+    config = load_config(
+        None, ("algorithm.adv_estimator=gae", "data.max_prompt_length=8", "data.max_response_length=8",
+               "actor_rollout_ref.actor.ppo_mini_batch_size=3", "critic.grad_clip=1e9"),
+    ).critic  # fmt: skip
+    policy = tiny_model(seed=5)
+    injected = Critic(CriticModel.from_policy(policy), config, rollout_n=4, total_steps=10)
+    reference = Critic(CriticModel.from_policy(policy), config, rollout_n=4, total_steps=10)
+    hook = OutOfMemoryOnce(injected.model, times=2)
+    injected.model.model.layers[0].register_full_backward_hook(hook)
+    injected.model.model.layers[0].register_forward_hook(OutOfMemoryOnce(injected.model))
+    batch = random_batch(seed=8)
+    values_BL = injected.compute_values(batch)
+    torch.testing.assert_close(values_BL, reference.compute_values(batch), rtol=0, atol=1e-6)
+    returns_BL = torch.randn(values_BL.shape, generator=torch.Generator().manual_seed(2)) * batch.response_mask()
+    grads_injected, grads_reference = captured_gradients(injected), captured_gradients(reference)
+    m_injected = injected.update(batch, values_BL, returns_BL)
+    m_reference = reference.update(batch, values_BL, returns_BL)
+    assert m_injected["critic/values/oom_retries"] == 1 and m_injected["critic/oom_retries"] == 2
+    assert m_injected["critic/vf_loss"] == pytest.approx(m_reference["critic/vf_loss"], rel=1e-5)
+    for a, b in zip(grads_injected[0], grads_reference[0], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)

@@ -12,14 +12,16 @@ Legend: b samples of one micro-batch, L padded response width, R response tokens
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor
 
 from nonstop.batching.balancing import fixed_micro_batches, split_to_count, token_budget_micro_batches
 from nonstop.batching.batch import RolloutBatch
-from nonstop.batching.memory_budget import MicroBatchBudget
+from nonstop.batching.memory_budget import MicroBatchBudget, run_micro_batches
 from nonstop.batching.packing import PackedBatch, pack_sequences
 from nonstop.batching.prefix_grouping import (
     PrefixGroupedBatch,
@@ -104,6 +106,38 @@ def micro_batches(
         else:
             parts = split_to_count(parts, lengths, count)
     return [[rows[i] for i in part] for part in parts]
+
+
+def row_tokens(batch: RolloutBatch, rows: list[int], grouped: bool) -> list[int]:
+    """Tokens the forward of `rows` runs for each row: when grouped, a shared prompt counts once, on the first row
+    that carries it (so the sum is each prompt once plus every response)."""
+    if not grouped:
+        return [batch.total_lengths[r] for r in rows]
+    seen: set[tuple[int, ...]] = set()
+    tokens = []
+    for r in rows:
+        prompt = tuple(batch.samples[r].prompt_token_ids)
+        tokens.append(batch.response_lengths[r] + (0 if prompt in seen else len(prompt)))
+        seen.add(prompt)
+    return tokens
+
+
+def run_pass(
+    batch: RolloutBatch,
+    rows: list[int],
+    device: torch.device,
+    rule: MicroBatching,
+    grouped: bool,
+    run: Callable[[list[int]], None],
+    restart: Callable[[], None] | None = None,
+) -> list[list[int]]:
+    """`run` each micro-batch of `rows` under `rule`, an out-of-memory split and retried (memory_budget.py;
+    `restart`: a pass that accumulates gradients drops them); returns the micro-batches that ran."""
+    budget = rule.budget or MicroBatchBudget("pass", rule.key, auto=False, memory=None)
+    parts = micro_batches(batch, rows, device, rule, grouped)
+    replan = partial(micro_batches, batch, device=device, rule=rule, grouped=grouped)
+    costs = partial(row_tokens, batch, grouped=grouped)
+    return run_micro_batches(parts, run, costs, budget, replan, restart)
 
 
 def pack_rows(

@@ -24,15 +24,12 @@ Legend: B samples of the step, L padded response width of the step, b samples of
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
-from functools import partial
 
 import torch
 from torch import Tensor
 
 from nonstop.algos import agg_loss, get_policy_loss_fn, kl_penalty
 from nonstop.batching.batch import RolloutBatch
-from nonstop.batching.memory_budget import MicroBatchBudget, run_micro_batches
 from nonstop.batching.micro_batches import (
     MicroBatching,
     micro_batches,
@@ -40,6 +37,8 @@ from nonstop.batching.micro_batches import (
     pack_rows,
     prefix_grouped,
     rank_mini_batch_size,
+    row_tokens,
+    run_pass,
     unpack_rows,
 )
 from nonstop.batching.packing import pack_sequences
@@ -112,20 +111,6 @@ class Actor:
         costing its prompt once, when `grouped`) or by count. Across ranks, every rank gets the largest rank's count."""
         return micro_batches(batch, rows, self.device, rule or self.update_batching, grouped)
 
-    @staticmethod
-    def _row_tokens(batch: RolloutBatch, rows: list[int], grouped: bool) -> list[int]:
-        """Tokens the forward of `rows` runs for each row: when grouped, a shared prompt counts once, on the first
-        row that carries it (so the sum is each prompt once plus every response)."""
-        if not grouped:
-            return [batch.total_lengths[r] for r in rows]
-        seen: set[tuple[int, ...]] = set()
-        tokens = []
-        for r in rows:
-            prompt = tuple(batch.samples[r].prompt_token_ids)
-            tokens.append(batch.response_lengths[r] + (0 if prompt in seen else len(prompt)))
-            seen.add(prompt)
-        return tokens
-
     # -- forward ----------------------------------------------------------------------------------------------------
 
     def _autocast(self) -> contextlib.AbstractContextManager:
@@ -168,26 +153,8 @@ class Actor:
             out_BL[rows] = self.forward(batch, rows, width, compute_entropy=False, model=model, grouped=grouped)[0]
 
         with fused_kernels(False):
-            self._run(batch, everything, grouped, rule or self.update_batching, run)
+            run_pass(batch, everything, self.device, rule or self.update_batching, grouped, run)
         return out_BL
-
-    def _run(
-        self,
-        batch: RolloutBatch,
-        rows: list[int],
-        grouped: bool,
-        rule: MicroBatching,
-        run: Callable[[list[int]], None],
-        restart: Callable[[], None] | None = None,
-    ) -> list[list[int]]:
-        """`run` each micro-batch of `rows` under `rule`, an out-of-memory split and retried (memory_budget.py);
-        returns the micro-batches that ran."""
-        budget = rule.budget or MicroBatchBudget("actor", rule.key, auto=False, memory=None)
-
-        parts = self.micro_batches(batch, rows, grouped, rule)
-        replan = partial(self.micro_batches, batch, grouped=grouped, rule=rule)
-        costs = partial(self._row_tokens, batch, grouped=grouped)
-        return run_micro_batches(parts, run, costs, budget, replan, restart)
 
     @torch.no_grad()
     def sequence_logprobs(self, pairs: list[tuple[list[int], list[int]]], temperature: float = 1.0) -> Tensor:
@@ -309,8 +276,8 @@ class Actor:
             self.optimizer.zero_grad(set_to_none=True)
             totals.clear()
 
-        ran = self._run(batch, mini, grouped, self.update_batching, run, restart)
-        self._micro_batch_tokens += [sum(self._row_tokens(batch, rows, grouped)) for rows in ran]
+        ran = run_pass(batch, mini, self.device, self.update_batching, grouped, run, restart)
+        self._micro_batch_tokens += [sum(row_tokens(batch, rows, grouped)) for rows in ran]
         # Each rank summed its share over the global normalisers: the sums are the mini-batch's values.
         stacked = all_reduce_sum_(torch.stack(list(totals.values())))
         totals = dict(zip(totals, stacked, strict=True))
