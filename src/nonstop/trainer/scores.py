@@ -120,8 +120,11 @@ class Scorer:
         }
 
     def pop_metrics(self) -> dict[str, float]:
-        """The pool's `reward/*` since the previous call."""
-        return self.pool.pop_metrics()
+        """The pool's `reward/*` since the previous call, and the reward model's micro-batch budget and retries."""
+        metrics = self.pool.pop_metrics()
+        if self.reward_model is not None:
+            metrics.update(self.reward_model.budget.pop_metrics())
+        return metrics
 
     def close(self) -> None:
         self.pool.close()
