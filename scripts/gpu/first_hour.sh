@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# Issue 26's H200 runs in one device call on one H200 (limits 120 + 120 + 90 s): nonstop's GRPO step on a
+# Issue 26's H200 runs in one device call on one H200 (limits 60 + 120 + 120 + 90 s): nonstop's GRPO step on a
 # random-weight model of Qwen2.5-0.5B's shape (`nonstop bench trainer --sides nonstop`), with a new user's defaults.
 #   bash scripts/gpu/first_hour.sh
 # Runs (8 prompts x 8 samples, 256-token responses forced to full length):
-#   mem2k / mem4k  2,048- and 4,096-token prompts, default micro-batching (nothing set: the token budget is sized
-#                  from free memory), prefix grouping off; the "grouped" variant the same with grouping on. Each must
-#                  finish; the budget and the out-of-memory retries are printed (actor/micro_batch_token_budget,
-#                  actor/oom_retries) and their start-up line is in the log.
+#   mem2048, mem4096  2,048- and 4,096-token prompts, default micro-batching (nothing set: the token budget is sized
+#                     from free memory), prefix grouping off; the "grouped" variant the same with grouping on. Each must
+#                     finish; the budget and the out-of-memory retries are printed (actor/micro_batch_token_budget,
+#                     actor/oom_retries) and their start-up line is in the log.
 #   slow_reward    default settings, a reward function that sleeps 0.25 s a sample (64 samples a step): the issue
 #                  asks timing_s/reward <= 15% of timing_s/step.
-# The last lines are a table of every run: step time, micro-batches, budget, retries, reward share.
+# First the CUDA test of the sized budget (tests/trainer/test_actor_oom.py: probe measured, gradients equal one
+# micro-batch's). The last lines are a table of every run: step time, micro-batches, budget, retries, reward share.
 # SHAPE, LENS and RESP change the shape, prompt lengths and response length (a CPU dry run of the script itself:
 # SHAPE=smollm2-135m LENS=16 RESP=8).
 source "$(dirname "$0")/common.sh"
@@ -26,6 +27,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
     time.sleep(0.25)
     return (len(solution_str) % 7) / 7
 EOF
+gpu_test t_oom 60 tests/trainer/test_actor_oom.py
 for len in $LENS; do
   t "mem$len" 120 $BENCH --prompt-len "$len" --warmup 1 --steps 2 --work-dir "/tmp/fh_mem$len" \
     --override actor_rollout_ref.actor.use_prefix_grouper=False \
