@@ -144,3 +144,20 @@ def test_bf16_scores_on_cuda_match_fp32_on_cpu(rm_path):
     cpu = RewardModel.from_config(reward_model_cfg(rm_path), torch.device("cpu"))
     assert next(cuda.model.parameters()).dtype == torch.bfloat16
     torch.testing.assert_close(cuda.score_texts(TEXTS), cpu.score_texts(TEXTS), rtol=0.05, atol=0.05)
+
+
+def test_an_out_of_memory_micro_batch_is_split_with_the_same_scores(rm_path):
+    rm = RewardModel.from_config(reward_model_cfg(rm_path), torch.device("cpu"))
+    expected = rm.score_texts(TEXTS)
+    left = [1]
+
+    def out_of_memory_once(module, args):
+        if left[0]:
+            left[0] -= 1
+            raise torch.OutOfMemoryError("injected")
+
+    handle = rm.model.register_forward_pre_hook(out_of_memory_once)
+    scores = rm.score_texts(TEXTS)
+    handle.remove()
+    torch.testing.assert_close(scores, expected, rtol=1e-5, atol=1e-6)
+    assert rm.budget.pop_metrics()["reward_model/oom_retries"] == 1

@@ -40,6 +40,7 @@ SPEC_PLAIN_TIME_S = "rollout/spec/plain_time_s"
 # Training update (the actor; old-log-prob and reference passes reuse its micro-batching).
 ACTOR_NUM_MICRO_BATCHES = "actor/num_micro_batches"  # forward+backward micro-batches, all mini-batches and epochs
 ACTOR_MICRO_BATCH_TOKENS = "actor/micro_batch_tokens_mean"  # real (non-pad) tokens per micro-batch, mean
+ACTOR_TOKEN_BUDGET = "actor/micro_batch_token_budget"  # the update's token budget (sized from memory when unset)
 ACTOR_PAD_FRAC = "actor/pad_frac"  # padded positions / computed positions in the update forwards (0 when packed)
 ACTOR_PREFIX_GROUPED = "actor/prefix_grouped"  # fraction of update mini-batches run prefix-grouped (prompt once)
 
