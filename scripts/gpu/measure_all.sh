@@ -33,10 +33,16 @@ source "$(dirname "$0")/common.sh"
 for step in ${STEPS:-tests rollout}; do case $step in
   tests)
     gpu_test t_profiling 60 tests/profiling/test_gpu.py &
-    gpu_test t_rollout 200 tests/rollout &
-    gpu_test t_kernels 240 tests/kernels tests/models &
-    gpu_test t_trainer 240 tests/trainer/test_trainer_gpu.py tests/trainer/test_actor.py \
-      tests/trainer/test_critic_prefix_grouping.py tests/batching &
+    gpu_test t_rollout 300 tests/rollout &
+    gpu_test t_verify 300 tests/kernels/test_paged_verify.py &
+    gpu_test t_decode 300 tests/kernels/test_paged_decode.py tests/kernels/test_cascade_decode.py \
+      tests/kernels/test_advance_decode.py tests/kernels/test_fused_forward.py tests/kernels/test_logprob_entropy.py &
+    gpu_test t_elementwise 300 tests/kernels/test_rms_norm.py tests/kernels/test_rotary.py \
+      tests/kernels/test_rotary_cache.py tests/kernels/test_rotary_decode.py tests/kernels/test_silu_mul.py \
+      tests/kernels/test_reshape_and_cache.py &
+    gpu_test t_models 300 tests/kernels/test_sampling_triton.py tests/models &
+    gpu_test t_trainer 300 tests/trainer/test_trainer_gpu.py tests/trainer/test_actor.py \
+      tests/trainer/test_critic_prefix_grouping.py tests/trainer/test_actor_oom.py tests/batching &
     gpu_test t_lora 240 tests/trainer/test_lora_trainer_gpu.py &
     gpu_test t_async 240 tests/trainer/test_async_trainer_gpu.py &
     gpu_test t_reward 120 tests/rewards/test_reward_model.py &
