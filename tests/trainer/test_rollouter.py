@@ -42,9 +42,9 @@ def drive(rollouter, engine_steps: int | None = None) -> None:
     while engine_steps is None or taken < engine_steps:
         with rollouter.cond:
             rollouter._admit()
-        if not rollouter.engine.has_unfinished_requests():
+        if not rollouter.llm.has_unfinished_requests():
             return
-        outputs = rollouter.engine.step()
+        outputs = rollouter.llm.step()
         with rollouter.cond:
             for output in outputs:
                 rollouter._record(output)

@@ -13,7 +13,8 @@ from nonstop.data import TokenizedPrompt
 from nonstop.rollout import LLM
 from nonstop.trainer.sampling import Sampling
 from nonstop.trainer.scores import Scorer, train_prefix
-from nonstop.trainer.sources.rollouter import Group, Rollouter
+from nonstop.trainer.sources.groups import Group
+from nonstop.trainer.sources.rollouter import Rollouter
 
 
 def overlap_policy(config: NonstopConfig) -> tuple[int, bool]:
