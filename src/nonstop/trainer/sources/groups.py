@@ -8,9 +8,10 @@ records the policy version that sampled it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
-from nonstop.data import TokenizedPrompt
+from nonstop.data import PromptRow, TokenizedPrompt
 from nonstop.rollout import LLM, SamplingParams
 from nonstop.rollout.outputs import RequestOutput
 from nonstop.rollout.sequence import FinishReason
@@ -41,9 +42,20 @@ class Group:
     def done(self) -> bool:
         return not self.request_ids and all(r is not None for r in self.finish_reasons)
 
-    @property
-    def num_unfinished(self) -> int:
-        return sum(r is None for r in self.finish_reasons)
+    def state_dict(self) -> dict[str, Any]:
+        """A paused group (no request in the engine), as JSON: a checkpoint restores it exactly."""
+        assert not self.request_ids, "only a paused group is checkpointed"
+        p = self.prompt
+        prompt = {"row": asdict(p.row), "ids": p.prompt_token_ids, "truncated": p.truncated}
+        fields = ("index", "admitted_version", "token_ids", "logprobs", "versions", "finish_reasons", "num_continued")
+        return {"prompt": prompt, "params": asdict(self.params), **{k: getattr(self, k) for k in fields}}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Group:
+        prompt = state["prompt"]
+        tokenized = TokenizedPrompt(PromptRow(**prompt["row"]), prompt["ids"], prompt["truncated"])
+        fields = {k: v for k, v in state.items() if k not in ("prompt", "params")}
+        return cls(prompt=tokenized, params=SamplingParams(**state["params"]), **fields)
 
 
 class GroupRequests:
@@ -61,9 +73,9 @@ class GroupRequests:
         self.groups[group.index] = group
         self._add(group, list(range(group.params.n)), f"g{group.index}", group.params)
 
-    def num_unfinished_samples(self) -> int:
-        """Samples of the admitted groups that have not finished (running, waiting or paused)."""
-        return sum(g.num_unfinished for g in self.groups.values())
+    def num_in_engine(self) -> int:
+        """Samples the engine is generating (running or waiting for a slot)."""
+        return sum(len(samples) for _, samples in self.requests.values())
 
     def _add(self, group: Group, samples: list[int], request_id: str, params: SamplingParams) -> None:
         continued = len(samples) == 1 and params.n == 1
@@ -79,7 +91,7 @@ class GroupRequests:
         group.request_ids.add(request_id)
         self.requests[request_id] = (group.index, samples)
 
-    def _record(self, output: RequestOutput) -> None:
+    def record(self, output: RequestOutput) -> None:
         """Take a finished or aborted request's tokens; tokens past what was recorded came from this version."""
         g, samples = self.requests.pop(output.request_id)
         group = self.groups[g]
@@ -97,15 +109,15 @@ class GroupRequests:
         if group.done:
             self.on_group_done(group)
 
-    def _abort_all(self) -> None:
+    def abort_all(self) -> None:
         ids = list(self.requests)
         if not ids:
             return
         for output in self.llm.abort(ids):
-            self._record(output)
+            self.record(output)
         self.num_paused += len(self.to_continue)
 
-    def _continue_all(self) -> None:
+    def continue_all(self) -> None:
         """Re-queue what the pause aborted, oldest group first (the engine queues in arrival order), so the oldest
         groups are generated ahead of those admitted after them. (The engine returns aborted requests sorted by
         request-id *string*, where "g10" precedes "g2": continued in that order, later blocks overtook the one the

@@ -17,6 +17,7 @@ import torch
 
 from nonstop.data import TokenizedPrompt
 from nonstop.rollout import LLM, SamplingParams
+from nonstop.trainer.sources.batch_fill import BatchFill
 from nonstop.trainer.sources.groups import Group, GroupRequests
 
 
@@ -34,11 +35,15 @@ class Rollouter(GroupRequests):
         version: int = 0,
         loader_state: Callable[[], dict | None] = lambda: None,
         stream_priority: int = 0,
+        tail_frac: float | None = None,
     ):
         """`next_prompts()` hands out one block of `batch_size` prompts; `params_for(g, prompt)` the seeded sampling
         params of group g; `on_group_done(group)` runs (on this thread) as each group finishes: reward scoring.
         `version`: the trainer's version at start (steps already taken); admission starts at group version·B.
-        `stream_priority`: of the CUDA stream the engine runs on (lower is higher, 0 the default)."""
+        `stream_priority`: of the CUDA stream the engine runs on (lower is higher, 0 the default).
+        `tail_frac` (without partial rollouts: `rollout.tail.min_running_frac` of one_step_off's carry-over): a weight
+        update waits for the in-flight requests only until fewer than this share of the peak decode batch since the
+        last update still runs, then pauses the rest and continues them on the new weights."""
         super().__init__(llm, on_group_done, version)
         self.next_prompts, self.params_for = next_prompts, params_for
         self.batch_size, self.total_groups = batch_size, total_groups
@@ -50,6 +55,9 @@ class Rollouter(GroupRequests):
         self.cond = threading.Condition()
         self.pause_requests, self.parked, self.draining, self.stopping = 0, False, False, False
         self.error: BaseException | None = None
+        self.tail_frac = tail_frac
+        self.fill = BatchFill(llm.max_num_seqs, tail_frac or 0.0)  # since the last weight update
+        self.num_carried = 0  # sequences the last update paused at the tail
         self.idle_s, self.window_start = 0.0, time.perf_counter()
         self.stats = llm.stats_window()  # the engine's `rollout/*` since the last `pop_metrics`
         device = self._device()
@@ -87,6 +95,8 @@ class Rollouter(GroupRequests):
                     "async/in_flight_groups": float(sum(not g.done for g in self.groups.values())),
                 }
             )
+            if self.tail_frac is not None:
+                metrics["tail/num_carried"] = float(self.num_carried)
             self.num_paused = self.num_continued = 0
             self.idle_s, self.window_start = 0.0, now
             return metrics
@@ -106,14 +116,14 @@ class Rollouter(GroupRequests):
             self._wait(lambda: self.parked or not self.thread.is_alive())
             if self.stream is not None:
                 torch.cuda.current_stream().wait_stream(self.stream)
-            self._abort_all()
+            self.abort_all()
         try:
             yield
         finally:
             with self.cond:
                 if self.stream is not None:
                     self.stream.wait_stream(torch.cuda.current_stream())
-                self._continue_all()
+                self.continue_all()
                 self.pause_requests -= 1
                 self.cond.notify_all()
 
@@ -124,12 +134,15 @@ class Rollouter(GroupRequests):
             with self.cond:
                 self.draining = True
                 self.cond.notify_all()
-                self._wait(lambda: not self.requests)
+                self._wait(lambda: not self.requests or (self.tail_frac is not None and self.fill.in_tail))
+        paused_before = self.num_paused
         with self.paused():
             copy_weights()
             with self.cond:
                 self.version += 1
                 self.draining = False
+                self.num_carried = self.num_paused - paused_before
+                self.fill = BatchFill(self.llm.max_num_seqs, self.tail_frac or 0.0)
             after()
 
     def stop(self) -> None:
@@ -158,7 +171,8 @@ class Rollouter(GroupRequests):
                     if outputs:
                         with self.cond:
                             for output in outputs:
-                                self._record(output)
+                                self.record(output)
+                            self.fill.observe(self.num_in_engine())
                             self.cond.notify_all()
         except BaseException as error:
             with self.cond:
@@ -205,3 +219,4 @@ class Rollouter(GroupRequests):
             prompt = self.block_prompts[g % self.batch_size]
             self.admit(Group.new(g, prompt, self.params_for(g, prompt), self.version))
             self.next_group += 1
+        self.fill.observe(self.num_in_engine())
