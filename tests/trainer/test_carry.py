@@ -13,7 +13,11 @@ from dataclasses import replace
 import pytest
 import torch
 from test_async_trainer import _record_batches
-from trainer_helpers import comparable
+from test_rollouter import drive
+from trainer_helpers import FixedPrompts, comparable, tiny_model
+
+from nonstop.rollout import LLM, SamplingParams
+from nonstop.trainer.sources.rollouter import Rollouter
 
 CARRY = ("actor_rollout_ref.rollout.tail.enable=True", "actor_rollout_ref.rollout.tail.min_running_frac=0.5")
 BATCH, N = 4, 8
@@ -136,3 +140,43 @@ def test_max_staleness_0_is_the_sync_loop(trainer_factory):
 def test_what_the_carry_over_refuses_is_named(trainer_factory, overrides, message):
     with pytest.raises(ValueError, match=message):
         trainer_factory((*CARRY, *overrides))
+
+
+def test_one_step_off_update_waits_for_the_tail_only():
+    """The rollouter without its thread (test_rollouter's drive): a weight update drains in-flight requests only
+    until fewer than `tail_frac` of the peak runs, then continues the rest on the new weights."""
+    llm = LLM(tiny_model(0), device="cpu", max_model_len=32, num_kv_blocks=64, seed=0)
+    lengths = [2, 3, 12, 12]  # groups 0-3 (blocks 0 and 1), n = 3 each: 12 sequences, 6 once the short ones end
+    params = SamplingParams(n=3, temperature=1.0, ignore_eos=True)
+    rollouter = Rollouter(
+        llm, FixedPrompts(2).next_batch, lambda g, prompt: replace(params, seed=g, max_tokens=lengths[g]),
+        batch_size=2, total_groups=4, max_staleness=1, partial_rollout=False, on_group_done=lambda g: None,
+        tail_frac=0.6,
+    )  # fmt: skip
+    while not rollouter.fill.in_tail:
+        drive(rollouter, engine_steps=1)
+    assert [rollouter.groups[g].done for g in range(4)] == [True, True, False, False]
+    rollouter.publish(lambda: llm.update_weights(tiny_model(1).named_parameters()))  # returns at once: the tail
+    assert rollouter.num_carried == 6 and rollouter.version == 1
+    cut = [len(t) for t in rollouter.groups[2].token_ids]  # what the pause recorded, from version 0
+    assert all(0 < c < 12 for c in cut)
+    drive(rollouter)
+    for g in (2, 3):
+        assert all(len(v) == 12 for v in rollouter.groups[g].versions)
+    assert rollouter.groups[2].versions == [[0] * c + [1] * (12 - c) for c in cut]
+    assert rollouter.pop_metrics()["tail/num_carried"] == 6
+
+
+def test_one_step_off_with_the_tail_trains_every_sample_once_within_1(trainer_factory):
+    steps = 8
+    trainer = long_tailed(
+        trainer_factory((f"trainer.total_training_steps={steps}", "trainer.mode=one_step_off", *CARRY))
+    )
+    batches = _record_batches(trainer)
+    history = trainer.fit()
+    for step, batch in enumerate(batches):
+        assert batch.uids == [f"p{step * BATCH + i}" for i in range(BATCH) for _ in range(N)]
+        for s in batch.samples:
+            assert len(s.token_policy_versions) == len(s.response_token_ids)
+            assert step - min(s.token_policy_versions) <= 1 and max(s.token_policy_versions) <= step
+    assert all("tail/num_carried" in m for m in history)
