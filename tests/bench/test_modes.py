@@ -13,12 +13,13 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "dist"))
 from dist_helpers import spawn  # noqa: E402
 
 from nonstop.bench import modes  # noqa: E402
+from nonstop.bench.trainer_inputs import response_budget  # noqa: E402
 
 
 def test_response_budgets_are_long_tailed_and_the_same_for_a_prompt():
     args = argparse.Namespace(median_response=32, sigma=0.8, response_len=256)
-    budgets = [modes.response_budget([i, i + 1, 7], args) for i in range(400)]
-    assert budgets == [modes.response_budget([i, i + 1, 7], args) for i in range(400)]
+    budgets = [response_budget([i, i + 1, 7], args) for i in range(400)]
+    assert budgets == [response_budget([i, i + 1, 7], args) for i in range(400)]
     assert 1 <= min(budgets) and max(budgets) <= 256
     ordered = sorted(budgets)
     assert 24 <= ordered[200] <= 42  # median near 32

@@ -28,7 +28,6 @@ import argparse
 import hashlib
 import json
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ import numpy as np
 from nonstop.bench.env import default_result_path, environment, write_result
 from nonstop.bench.shapes import model_config, tiny_config
 from nonstop.bench.trainer_inputs import (
+    long_tail,
     prompt_texts,
     write_model_dir,
     write_prompts,
@@ -78,13 +78,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def response_budget(prompt_token_ids: list[int], args: argparse.Namespace) -> int:
-    """One prompt's max_tokens: log-normal, seeded by the prompt's tokens, so every mode draws the same."""
-    seed = int.from_bytes(hashlib.blake2b(str(prompt_token_ids).encode(), digest_size=4).digest(), "little")
-    draw = np.random.default_rng(seed).lognormal(np.log(args.median_response), args.sigma)
-    return int(np.clip(round(draw), 1, args.response_len))
-
-
 def split_mode(name: str) -> tuple[str, list[str]]:
     """`MODE[+key=value…]` -> (MODE, [key=value, …]); a `+` inside a value (`lr=1e+6`) stays in it."""
     spec, *pieces = name.split("+")
@@ -124,12 +117,7 @@ def run_mode(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any] 
         *own,
     ]
 
-    def long_tail(trainer) -> None:
-        trainer.request_params = lambda prompt, params: replace(
-            params, max_tokens=response_budget(list(prompt.prompt_token_ids), args)
-        )
-
-    result = run_nonstop(work, run_args, prepare=long_tail, after_steps=2)
+    result = run_nonstop(work, run_args, prepare=long_tail(args), after_steps=2)
     if result is None:
         return None
     summary = run_dir / "profile" / "summary.json"
