@@ -99,6 +99,7 @@ def test_longtail_lengths_against_the_carry_over_report_trained_tokens_per_secon
     result = trainer_step.run(TINY, args, tmp_path)
     plain, side = result["nonstop"], result["variants"]["carry"]
     assert "error" not in plain and "error" not in side, (plain, side)
+    assert len(plain["step_s_all"]) == len(side["step_s_all"]) == 1 + 3  # the last, finishing step is not timed
     lengths = plain["metrics"]
     assert 1 <= lengths["response_length/min"] < lengths["response_length/max"] <= 6  # per-prompt, capped
     for s in (plain, side):

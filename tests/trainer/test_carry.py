@@ -38,14 +38,20 @@ def by_uid(batches) -> dict[str, list]:
     return trained
 
 
-@pytest.mark.parametrize("max_staleness", [1, 2])
-def test_every_started_sample_is_trained_once_within_the_bound(trainer_factory, max_staleness):
+@pytest.mark.parametrize(
+    "max_staleness, extra",
+    [
+        (1, ()),
+        (2, ()),
+        (1, ("actor_rollout_ref.actor.use_prefix_grouper=True", "actor_rollout_ref.actor.use_dynamic_bsz=True",
+             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=64")),
+    ],
+    ids=["bound1", "bound2", "prefix-grouped-dynamic-bsz"],
+)  # fmt: skip
+def test_every_started_sample_is_trained_once_within_the_bound(trainer_factory, max_staleness, extra):
     steps = 12
-    overrides = (
-        f"trainer.total_training_steps={steps}",
-        *CARRY,
-        f"actor_rollout_ref.rollout.tail.max_staleness={max_staleness}",
-    )
+    bound = f"actor_rollout_ref.rollout.tail.max_staleness={max_staleness}"
+    overrides = (f"trainer.total_training_steps={steps}", *CARRY, bound, *extra)
     trainer = long_tailed(trainer_factory(overrides))
     batches = _record_batches(trainer)
     history = trainer.fit()
@@ -67,6 +73,9 @@ def test_every_started_sample_is_trained_once_within_the_bound(trainer_factory, 
     for before, after in zip(history, history[1:], strict=False):
         assert after["tail/num_continued"] == before["tail/num_carried"]  # what a step pauses, the next continues
     assert history[-1]["tail/num_carried"] == 0  # the last step finishes everything
+    if extra:  # carried groups packed prompt-grouped, in token-budget micro-batches
+        grouping = [(m["actor/prefix_grouped"], m["actor/num_micro_batches"]) for m in history]
+        assert all(grouped == 1.0 for grouped, _ in grouping) and max(mb for _, mb in grouping) > 1, grouping
     for m in history:
         assert 0 < m["tail/batch_fill/mean"] <= 1
         assert sum(m[f"tail/staleness/frac_{k}"] for k in range(max_staleness + 1)) == pytest.approx(1.0)

@@ -110,12 +110,14 @@ def run_nonstop(
     `after_steps` more steps run after the timed ones and are left out of every result (a profiled step: the
     profiler makes it several times slower); they set `trainer.total_training_steps`, over any given override.
     None on a rollout rank of split placement, which steps along but measures nothing (its steps report no
-    metrics: they travel to the trainer ranks)."""
+    metrics: they travel to the trainer ranks). `--response-lengths longtail` (`args.response_lengths`) sets the
+    long-tailed lengths and one more step after the timed ones: a run's last step finishes every sequence a
+    carry-over holds, and the steady state is what is timed."""
     from nonstop.config import load_config
     from nonstop.trainer import build_trainer
 
-    if prepare is None and getattr(args, "response_lengths", "fixed") == "longtail":
-        prepare = long_tail(args)
+    if getattr(args, "response_lengths", "fixed") == "longtail":
+        prepare, after_steps = prepare or long_tail(args), max(after_steps, 1)
     total = args.warmup + args.steps + after_steps
     overrides = nonstop_overrides(work, args) + ([f"trainer.total_training_steps={total}"] if after_steps else [])
     trainer = build_trainer(load_config(None, overrides), console=False)
