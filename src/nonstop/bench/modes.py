@@ -9,7 +9,9 @@ same tokens for the same prompt and only the overlap differs. Pseudo-random rewa
 Per mode: the mean step wall time over the `--steps` steps after `--warmup` (one `trainer.step` call: in the overlap
 modes the rollouter generates the next blocks meanwhile, so one step's generation spills into the next and per-step
 times alternate between short and long ones, which a median misstates; the median is kept as
-`step_s_median`), throughput = (prompt + response tokens) / step time, samples/s, the ratio to sync,
+`step_s_median`), throughput = (prompt + response tokens) trained / the window's time, samples/s likewise (a mode
+carrying the tail into the next step, `sync+actor_rollout_ref.rollout.tail.enable=True`, trains batches of varying
+size), the ratio to sync,
 `trainer/idle_ratio`, `rollouter/idle_ratio`, staleness, weight-sync time, and the kernel-busy fraction (union of all
 CUDA kernels, both streams, over the step's wall time) from a torch.profiler trace of one more step after the timed
 ones (the profiler slows it several times: it is left out of the timing; one more step follows it, so that in the
@@ -128,8 +130,7 @@ def run_mode(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any] 
     # The timed window's mean: the throughput the mode sustains (see the module docstring).
     result["step_s_median"] = result["step_s"]
     result["step_s"] = float(np.mean(result.pop("step_s_all")[args.warmup :]))
-    result["throughput"] = result["tokens_per_step"] / result["step_s"]
-    result["samples_per_s"] = args.prompts * args.n / result["step_s"]
+    result["throughput"], result["samples_per_s"] = result["trained_tokens_per_s"], result["trained_samples_per_s"]
     return result
 
 

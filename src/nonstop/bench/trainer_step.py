@@ -148,9 +148,12 @@ def run_nonstop(
     result["metrics"] = median_metrics(kept, METRIC_PREFIXES)
     result["tokens_per_step"] = statistics.median(row["perf/total_num_tokens"] for row in kept)
     result["throughput"] = result["tokens_per_step"] / result["step_s"]
-    # Tokens trained over the timed steps' wall time: with the tail carried over, a step's batch (and time) varies.
-    trained = sum(row["perf/total_num_tokens"] for row in kept)
-    result["trained_tokens_per_s"] = trained / sum(times[args.warmup :])
+    # Tokens and samples trained over the timed steps' wall time: with the tail carried over, a step's batch (and
+    # time) varies. A step's samples: its tokens over the mean prompt + response length.
+    timed_s = sum(times[args.warmup :])
+    result["trained_tokens_per_s"] = sum(row["perf/total_num_tokens"] for row in kept) / timed_s
+    samples = sum(r["perf/total_num_tokens"] / (r["prompt_length/mean"] + r["response_length/mean"]) for r in kept)
+    result["trained_samples_per_s"] = samples / timed_s
     result["min_response_length"] = min(row["response_length/min"] for row in rows)
     return result
 
