@@ -3,7 +3,7 @@
 # into $OUT, and every log also packed into $OUT/logs.tgz (a device call returns at most 8 files).
 #   STEPS="tests rollout lora" [BASE_SRC=.base/src] bash scripts/gpu/measure_all.sh
 # Steps:
-#   tests    every GPU test file group at once (tiny models: the GPU has room; 16 host cores), -v so a timeout
+#   tests    every GPU test file, in groups run at once (tiny models: the GPU has room; 16 host cores), -v so a timeout
 #            still shows how far each got
 #   rollout  engine vs transformers.generate (issue 3); with BASE_SRC also the same bench on another commit's src/
 #            (`git archive <rev> src | tar -x -C .base`), for an A/B in one session
@@ -12,6 +12,7 @@
 #            and the A/B still runs on both trees
 #   rollout_tests  `pytest -m gpu tests/rollout` alone (engine, cascade, whole-launch graphs, KV sizing and cap)
 #   retest   GPU tests not yet run alone (engine, async, cascade engine, critic prefix grouping, critic, resume)
+#   trainer_ab  the trainer bench's nonstop side on BASE_SRC and on the tree, base / tree / base / tree
 #   trainer  GRPO step vs TRL 1.16 (issue 4), plus nonstop with k = 1 and with the KV cache resident in the same run
 #   trainer_profile  nonstop's side alone (resident KV, k = 8), step 5 under the torch profiler: the profile summary
 #            (per-phase kernel-busy, gaps, top kernels) and the doctor's report, to see what a decode step at 64
@@ -32,9 +33,10 @@ source "$(dirname "$0")/common.sh"
 for step in ${STEPS:-tests rollout}; do case $step in
   tests)
     gpu_test t_profiling 60 tests/profiling/test_gpu.py &
-    gpu_test t_engine 150 tests/rollout/test_engine_gpu.py &
-    gpu_test t_kernels 240 tests/kernels tests/models/test_transformer_gpu.py &
-    gpu_test t_trainer 240 tests/trainer/test_trainer_gpu.py &
+    gpu_test t_rollout 200 tests/rollout &
+    gpu_test t_kernels 240 tests/kernels tests/models &
+    gpu_test t_trainer 240 tests/trainer/test_trainer_gpu.py tests/trainer/test_actor.py \
+      tests/trainer/test_critic_prefix_grouping.py tests/batching &
     gpu_test t_lora 240 tests/trainer/test_lora_trainer_gpu.py &
     gpu_test t_async 240 tests/trainer/test_async_trainer_gpu.py &
     gpu_test t_reward 120 tests/rewards/test_reward_model.py &
@@ -68,6 +70,13 @@ for step in ${STEPS:-tests rollout}; do case $step in
       --shapes qwen2.5-0.5b --workloads fixed --num-scheduler-steps 1,8 --transformers '' --out "$OUT/rollout-base.json"
     t b_rollout 150 python3 -m nonstop bench rollout --shapes qwen2.5-0.5b --workloads fixed --num-scheduler-steps 1,8 \
       --out "$OUT/rollout.json" ;;
+  trainer_ab)  # nonstop's side of the trainer bench on BASE_SRC and on the tree, alternated twice in one call
+    for round in 1 2; do
+      t b_trainer_base$round 150 env PYTHONPATH=/tmp/site:$PWD/$BASE_SRC python3 -m nonstop bench trainer \
+        --sides nonstop --steps 10 --out "$OUT/trainer-base$round.json"
+      t b_trainer_tree$round 150 python3 -m nonstop bench trainer --sides nonstop --steps 10 \
+        --out "$OUT/trainer-tree$round.json"
+    done ;;
   trainer) runs=$((${runs:-0} + 1))  # STEPS="trainer trainer": each run its own log and JSON
     t b_trainer$runs 240 python3 -m nonstop bench trainer \
     --variant k1 actor_rollout_ref.rollout.num_scheduler_steps=1 \

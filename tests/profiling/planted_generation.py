@@ -50,14 +50,14 @@ def generation(config: dict, lengths: list[int]) -> dict[str, float]:
     )
     prompts = [[8 + i % 20, 9, 10, 11] for i in range(len(lengths))]
     params = [SamplingParams(n=n, max_tokens=m, ignore_eos=True, seed=i) for i, m in enumerate(lengths)]
-    with one_thread():
+    with one_thread(), llm.stats_window() as window:
         llm.generate(prompts, params)
     host = EAGER_HOST_S if config.get("actor_rollout_ref.rollout.enforce_eager") else HOST_S
-    steps = [replace(s, wall_s=host + DEVICE_S + s.num_seqs * PER_SEQ_S) for s in llm.llm_engine.step_log]
+    steps = [replace(s, wall_s=host + DEVICE_S + s.num_seqs * PER_SEQ_S) for s in window.steps]
     wall = sum(s.wall_s for s in steps)
     busy = sum(s.wall_s - host for s in steps)
     return {
-        **rollout_metrics(llm.stats, steps),
+        **rollout_metrics(window.stats(), steps),
         "timing_s/gen": wall,
         "perf/gpu_util/gen": 100 * busy / wall,
     }

@@ -133,11 +133,16 @@ def long_prompts(extra: int):
     return plant
 
 
+def use_engine(trainer, llm: LLM) -> None:
+    """`llm` in place of the engine `make_trainer` built, wherever the trainer's generation holds it."""
+    trainer.llm = trainer.generation.llm = trainer.generation.kv.llm = llm
+
+
 def engine(max_model_len: int, num_kv_blocks: int, then=None):
     """An engine of that size over the trainer's weights (the tests' default holds 16 tokens in 64 blocks)."""
 
     def plant(trainer) -> None:
-        trainer.llm = LLM(
+        llm = LLM(
             trainer.model,
             tokenizer=trainer.tokenizer,
             device="cpu",
@@ -145,6 +150,7 @@ def engine(max_model_len: int, num_kv_blocks: int, then=None):
             num_kv_blocks=num_kv_blocks,
             max_num_seqs=trainer.config.actor_rollout_ref.rollout.max_num_seqs,
         )
+        use_engine(trainer, llm)
         if then is not None:
             then(trainer)
 

@@ -127,6 +127,20 @@ def test_one_micro_batch_a_step_gets_no_micro_batch_change(tmp_path):
     assert any("one micro-batch per mini-batch" in n for n in finding.notes)
 
 
+def test_a_budget_sized_from_memory_gets_no_larger_budget(tmp_path):
+    # Nothing set: the trainer sized 512-token micro-batches from free memory; a larger budget would not fit.
+    config = {"actor_rollout_ref.actor.use_dynamic_bsz": False}
+    metrics = {
+        "timing_s/update_actor": 9.0,
+        "actor/micro_batch_tokens_mean": 400.0,
+        "actor/num_micro_batches": 64.0,
+        "actor/micro_batch_token_budget": 512.0,
+    }
+    finding = next(f for f in ranked(write_run(tmp_path, config, metrics)) if f.cause == "tiny_micro_batches")
+    assert finding.changes == []
+    assert any("sized from free memory" in n for n in finding.notes)
+
+
 def test_tiny_micro_batches_derived_from_config_when_not_measured(tmp_path):
     # Fixed micro-batches of 2 samples x (100 + 300) tokens = 800 tokens, no dynamic batch size.
     config = {

@@ -3,8 +3,10 @@ batches without speculation gets the recommendation; the same run with it applie
 repeat themselves and drafts are accepted, shows a smaller share of the cause."""
 
 import json
+import re
 
-from test_doctor_real_runs import measured, real_run
+from real_runs import use_engine
+from test_doctor_real_runs import real_run
 
 from nonstop.cli import main
 from nonstop.rollout import LLM, engine_args
@@ -18,7 +20,15 @@ def config_engine(trainer) -> None:
     """The engine the trainer builds from its config (`engine_args`, as `build_engine` does), on the CPU: the test
     helpers' engine takes fixed arguments instead."""
     args = {**vars(engine_args(trainer.config)), "num_kv_blocks": 256}
-    trainer.llm = LLM(trainer.model, tokenizer=trainer.tokenizer, device="cpu", **args)
+    use_engine(trainer, LLM(trainer.model, tokenizer=trainer.tokenizer, device="cpu", **args))
+
+
+def evidence(finding: dict, pattern: str) -> float:
+    """The number `pattern`'s group captures in the finding's evidence."""
+    for line in finding["evidence"]:
+        if match := re.search(pattern, line):
+            return float(match.group(1))
+    raise AssertionError(f"no evidence matches {pattern!r}: {finding['evidence']}")
 
 
 def spec_finding(run_dir, capsys) -> tuple[dict, float]:
@@ -31,11 +41,11 @@ def spec_finding(run_dir, capsys) -> tuple[dict, float]:
 def test_applying_speculation_lowers_the_small_batch_share(tmp_path, capsys):
     plain, plain_share = spec_finding(real_run(tmp_path / "plain", OVERRIDES, plant=config_engine), capsys)
     assert plain["status"] == "found" and plain_share > 0
-    assert measured(plain, r"small_batch_frac: (\d+)%") >= 80  # every decode step (the prefill aside)
+    assert evidence(plain, r"small_batch_frac: (\d+)%") >= 80  # every decode step (the prefill aside)
     (change,) = plain["changes"]
-    assert change.startswith(f"{METHOD}=suffix")
+    assert change["overrides"] == {METHOD: "suffix"}
 
     applied = (*OVERRIDES, f"{METHOD}=suffix", "actor_rollout_ref.rollout.speculative.draft_rule=always")
     spec, spec_share = spec_finding(real_run(tmp_path / "spec", applied, plant=config_engine), capsys)
-    assert measured(spec, r"tokens_per_verify ([\d.]+)") > 1.5  # the repeating responses' drafts are kept
+    assert evidence(spec, r"tokens_per_verify ([\d.]+)") > 1.5  # the repeating responses' drafts are kept
     assert spec_share < plain_share

@@ -113,14 +113,14 @@ def test_trainer_with_a_reward_model(rm_path, tmp_path, combine):
     )
     trainer = make_trainer(tmp_path / "run", overrides)
     seen = []
-    real = trainer._collect_scores
+    real = trainer.scorer.collect
 
     def spy(batch, prefix):
         scores_B, extras = real(batch, prefix)
         seen.append((batch, scores_B))
         return scores_B, extras
 
-    trainer._collect_scores = spy
+    trainer.scorer.collect = spy
     try:
         history = trainer.fit()
     finally:
@@ -130,7 +130,7 @@ def test_trainer_with_a_reward_model(rm_path, tmp_path, combine):
     batch, scores_B = seen[0]
     decode = trainer.tokenizer.decode
     texts = [decode(s.prompt_token_ids) + decode(s.response_token_ids) for s in batch.samples]
-    expected_B = trainer.reward_model.score_texts(texts)
+    expected_B = trainer.scorer.reward_model.score_texts(texts)
     if combine == "sum":
         expected_B += torch.tensor([seven_fraction("", decode(s.response_token_ids), "") for s in batch.samples])
     torch.testing.assert_close(scores_B, expected_B, rtol=1e-5, atol=1e-5)
@@ -144,3 +144,20 @@ def test_bf16_scores_on_cuda_match_fp32_on_cpu(rm_path):
     cpu = RewardModel.from_config(reward_model_cfg(rm_path), torch.device("cpu"))
     assert next(cuda.model.parameters()).dtype == torch.bfloat16
     torch.testing.assert_close(cuda.score_texts(TEXTS), cpu.score_texts(TEXTS), rtol=0.05, atol=0.05)
+
+
+def test_an_out_of_memory_micro_batch_is_split_with_the_same_scores(rm_path):
+    rm = RewardModel.from_config(reward_model_cfg(rm_path), torch.device("cpu"))
+    expected = rm.score_texts(TEXTS)
+    left = [1]
+
+    def out_of_memory_once(module, args):
+        if left[0]:
+            left[0] -= 1
+            raise torch.OutOfMemoryError("injected")
+
+    handle = rm.model.register_forward_pre_hook(out_of_memory_once)
+    scores = rm.score_texts(TEXTS)
+    handle.remove()
+    torch.testing.assert_close(scores, expected, rtol=1e-5, atol=1e-6)
+    assert rm.budget.pop_metrics()["reward_model/oom_retries"] == 1

@@ -105,5 +105,5 @@ def test_padding_rows_sample_nothing_anyone_reads(model):
     graphs.batch_sizes = [4]  # every launch now pads 1 sequence to 4 rows
     assert_same(samples(llm.generate(prompt, params)), samples(expected))
     assert {shape.num_rows for shape in graphs.replayed} == {1, 4}
-    t: SamplingTensors = runner._sampling_tensors(graphs.replayed[-1], 0)
+    t: SamplingTensors = runner._sampling_tensors(graphs.replayed[-1], 0, runner.buffers.dev, runner.stop_mask_RV)
     assert t.temperature_N[1:].tolist() == [0.0] * 3 and t.top_p_N[1:].tolist() == [1.0] * 3

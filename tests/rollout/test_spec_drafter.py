@@ -119,6 +119,17 @@ def test_auto_verifies_while_the_expected_tokens_beat_the_measured_cost():
     assert p.should_verify([1, 2], [4, 0]) and p.expected_gain([1, 2], [4, 0]) == pytest.approx(0.5)
 
 
+def test_a_verify_step_that_captured_a_graph_teaches_acceptance_but_not_cost():
+    """The engine passes no time for a launch that captured its CUDA graph: the capture must not make verifying look
+    dear, but the accepted tokens still count."""
+    p = policy()
+    p.decoded(num_steps=8, wall_s=8.0)
+    p.verified([1], [4], [4], wall_s=None)
+    assert p.cost_ratio() is None and p.gain[1] == pytest.approx(1.0 + DECAY * 3) and p.draft_length(1) == 4
+    p.verified([1], [4], [2], wall_s=1.5)
+    assert p.cost_ratio() == pytest.approx(1.5)
+
+
 def test_auto_probes_the_other_way_every_so_often():
     p = policy()
     p.plain_times.extend([1.0] * 4)

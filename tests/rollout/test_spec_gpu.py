@@ -65,6 +65,8 @@ def test_bf16_speculative_logprobs_match_a_full_forward():
                           max_num_seqs=40)  # fmt: skip
     outputs = llm.generate(prompts, params)
     assert llm.stats.num_verify_steps > 0 and verify_graphs(llm)
+    # The plain engine on the same workload first: the bound holds there, so a failure below is the verify path's.
+    assert_bf16_logprobs_match_a_full_forward(model, reference, prompts, plain)
     assert_bf16_logprobs_match_a_full_forward(model, reference, prompts, outputs)
 
 

@@ -19,14 +19,14 @@ def test_training_reward_is_score_plus_overlong_penalty(trainer_factory):
     )
     trainer.config.trainer.test_freq = 1
     seen = []
-    real = trainer._collect_scores
+    real = trainer.scorer.collect
 
     def spy(batch, prefix):
         scores_B, extras = real(batch, prefix)
         seen.append((batch.response_lengths, scores_B.tolist()))
         return scores_B, extras
 
-    trainer._collect_scores = spy
+    trainer.scorer.collect = spy
     (metrics,) = trainer.fit()
     lengths, scores = seen[0]
     penalties = [min(0.0, -(n - 4) / 4 * 0.5) for n in lengths]

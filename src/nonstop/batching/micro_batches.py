@@ -12,13 +12,16 @@ Legend: b samples of one micro-batch, L padded response width, R response tokens
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor
 
 from nonstop.batching.balancing import fixed_micro_batches, split_to_count, token_budget_micro_batches
 from nonstop.batching.batch import RolloutBatch
+from nonstop.batching.memory_budget import MicroBatchBudget, run_micro_batches
 from nonstop.batching.packing import PackedBatch, pack_sequences
 from nonstop.batching.prefix_grouping import (
     PrefixGroupedBatch,
@@ -35,12 +38,24 @@ from nonstop.dist.process_group import current
 @dataclass(frozen=True)
 class MicroBatching:
     """One pass's micro-batch rule, from its config keys (verl's): a token budget when `use_dynamic_bsz`, else
-    `micro_batch_size` samples (None = all of them). `key` names the budget's config key in errors."""
+    `micro_batch_size` samples; neither set: a token budget sized by `budget` (memory_budget.py) when the pass has
+    one, else all samples at once. `key` names the budget's config key in errors."""
 
     use_dynamic_bsz: bool
     max_token_len: int
     micro_batch_size: int | None
     key: str
+    budget: MicroBatchBudget | None = None
+
+    @property
+    def unset(self) -> bool:
+        """Neither a token budget nor a micro-batch size is set: the budget is sized from free memory."""
+        return not self.use_dynamic_bsz and self.micro_batch_size is None
+
+    def with_budget(self, name: str, device: torch.device) -> MicroBatching:
+        """This rule with the memory state of the pass `name` (its metric prefix) on `device`."""
+        budget = MicroBatchBudget.for_device(name, self.key, self.unset, device)
+        return MicroBatching(self.use_dynamic_bsz, self.max_token_len, self.micro_batch_size, self.key, budget)
 
 
 def mini_batches(batch: RolloutBatch, size: int) -> list[list[int]]:
@@ -70,22 +85,59 @@ def micro_batches(
     """Index lists into `rows`' samples: by token budget (whole prompt groups, each costing its prompt once, when
     `grouped`) or by count. Across ranks, every rank gets the largest rank's count."""
     lengths = [batch.total_lengths[r] for r in rows]
-    if rule.use_dynamic_bsz:
+    sized = rule.budget is not None and rule.budget.auto
+    by_tokens = rule.use_dynamic_bsz or sized
+    max_token_len = rule.max_token_len
+    if rule.budget is not None and by_tokens:
+        max_token_len = rule.budget.budget(lengths, None if sized else rule.max_token_len)
+    if by_tokens:
         if grouped:
             prompts = [batch.samples[r].prompt_token_ids for r in rows]
             responses = [batch.response_lengths[r] for r in rows]
-            parts = prefix_grouped_micro_batches(prompts, responses, rule.max_token_len, key=rule.key)
+            parts = prefix_grouped_micro_batches(prompts, responses, max_token_len, key=rule.key)
         else:
-            parts = token_budget_micro_batches(lengths, rule.max_token_len, key=rule.key)
+            parts = token_budget_micro_batches(lengths, max_token_len, key=rule.key)
     else:
         parts = fixed_micro_batches(len(rows), rule.micro_batch_size or len(rows))
     count = all_reduce_max(len(parts), device)
     if count > len(parts):
-        if rule.use_dynamic_bsz and not grouped:
-            parts = token_budget_micro_batches(lengths, rule.max_token_len, min_num_micro_batches=count, key=rule.key)
+        if by_tokens and not grouped:
+            parts = token_budget_micro_batches(lengths, max_token_len, min_num_micro_batches=count, key=rule.key)
         else:
             parts = split_to_count(parts, lengths, count)
     return [[rows[i] for i in part] for part in parts]
+
+
+def row_tokens(batch: RolloutBatch, rows: list[int], grouped: bool) -> list[int]:
+    """Tokens the forward of `rows` runs for each row: when grouped, a shared prompt counts once, on the first row
+    that carries it (so the sum is each prompt once plus every response)."""
+    if not grouped:
+        return [batch.total_lengths[r] for r in rows]
+    seen: set[tuple[int, ...]] = set()
+    tokens = []
+    for r in rows:
+        prompt = tuple(batch.samples[r].prompt_token_ids)
+        tokens.append(batch.response_lengths[r] + (0 if prompt in seen else len(prompt)))
+        seen.add(prompt)
+    return tokens
+
+
+def run_pass(
+    batch: RolloutBatch,
+    rows: list[int],
+    device: torch.device,
+    rule: MicroBatching,
+    grouped: bool,
+    run: Callable[[list[int]], None],
+    restart: Callable[[], None] | None = None,
+) -> list[list[int]]:
+    """`run` each micro-batch of `rows` under `rule`, an out-of-memory split and retried (memory_budget.py;
+    `restart`: a pass that accumulates gradients drops them); returns the micro-batches that ran."""
+    budget = rule.budget or MicroBatchBudget("pass", rule.key, auto=False, memory=None)
+    parts = micro_batches(batch, rows, device, rule, grouped)
+    replan = partial(micro_batches, batch, device=device, rule=rule, grouped=grouped)
+    costs = partial(row_tokens, batch, grouped=grouped)
+    return run_micro_batches(parts, run, costs, budget, replan, restart)
 
 
 def pack_rows(

@@ -28,7 +28,7 @@ import time
 import torch
 
 from nonstop.bench.env import default_result_path, environment, write_result
-from nonstop.config.assign import parse_override
+from nonstop.config.assign import parse_key_values
 from nonstop.config.rollout import SpeculativeConfig
 from nonstop.rollout import LLM, SamplingParams
 from nonstop.rollout.spec.replay import replay
@@ -156,7 +156,7 @@ def run_offline(llm: LLM, prompts, args, temperature: float, config: Speculative
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    spec = {"method": "suffix", **dict(map(parse_override, args.spec))}
+    spec = {"method": "suffix", **parse_key_values(args.spec)}
     config = SpeculativeConfig(**spec)
     from nonstop.models.loading import default_model_path
 

@@ -7,7 +7,6 @@ import platform
 import sys
 from importlib import metadata
 
-import nonstop
 from nonstop.cli import bench, config_cmd, data_cmd, doctor, export_cmd, generate, train_cmd
 
 SUBCOMMANDS = (train_cmd, generate, config_cmd, data_cmd, export_cmd, bench, doctor)
@@ -20,12 +19,16 @@ class CLIError(Exception):
     """A user mistake on the command line: printed as one line, exit code 2, no traceback."""
 
 
-def version() -> str:
+def _installed(package: str) -> str:
     try:
-        torch = metadata.version("torch")
+        return metadata.version(package)
     except metadata.PackageNotFoundError:
-        torch = "not installed"
-    return f"nonstop {nonstop.__version__} (torch {torch}, Python {platform.python_version()})"
+        return "not installed"
+
+
+def version() -> str:
+    """nonstop's installed version (a checkout run from PYTHONPATH says "not installed"), torch's and Python's."""
+    return f"nonstop {_installed('nonstop')} (torch {_installed('torch')}, Python {platform.python_version()})"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from nonstop.config.assign import parse_override
+from nonstop.config.assign import parse_key_values
 from nonstop.models.tokenizer import encode_chat
 
 
@@ -100,9 +100,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     # LLM(path) picks the device (CUDA when visible) and dtype (bf16 on GPU, fp32 on CPU) and loads the tokenizer.
-    speculative = (
-        None if args.speculative is None else {"method": "suffix", **dict(map(parse_override, args.speculative))}
-    )
+    speculative = None if args.speculative is None else {"method": "suffix", **parse_key_values(args.speculative)}
     llm = LLM(
         str(args.model or default_model_path()),
         device=args.device,

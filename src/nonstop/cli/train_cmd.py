@@ -7,6 +7,7 @@ import os
 
 from nonstop.cli.config_cmd import print_dropped, split_config_args
 
+INTERRUPTED = 130  # the shell's exit status for a process ended by Ctrl-C (128 + SIGINT)
 # Set by the process that launches its own ranks, so its children do not print the config notes again.
 _NOTES_SHOWN = "NONSTOP_CONFIG_NOTES_SHOWN"
 
@@ -63,9 +64,15 @@ def train(config) -> int:
     from nonstop.trainer import build_trainer
 
     try:
-        trainer = build_trainer(config)  # joins torchrun's process group, if any
+        try:
+            trainer = build_trainer(config)  # joins torchrun's process group, if any
+        except KeyboardInterrupt:
+            print("interrupted before training started: nothing was written", flush=True)
+            return INTERRUPTED
         try:
             history = trainer.fit()
+        except KeyboardInterrupt:  # fit has written what the finished steps hold, and said so
+            return INTERRUPTED
         finally:
             trainer.close()
         if current().rank == 0:

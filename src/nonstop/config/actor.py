@@ -42,7 +42,9 @@ class PolicyLossConfig:
 class ActorConfig:
     ppo_mini_batch_size: int = option(256, "Prompts per optimizer step (times rollout.n samples)")
     ppo_micro_batch_size_per_gpu: int | None = option(
-        None, "Samples per forward/backward on one GPU; null = the whole mini-batch shard"
+        None,
+        "Samples per forward/backward on one GPU; null with use_dynamic_bsz=false = token-budget micro-batches "
+        "sized from free memory (CUDA; the whole mini-batch shard on CPU), logged as actor/micro_batch_token_budget",
     )
     use_dynamic_bsz: bool = option(False, "Build micro-batches to a token budget instead of a sample count")
     ppo_max_token_len_per_gpu: int = option(16384, "Token budget of one micro-batch when use_dynamic_bsz")

@@ -13,7 +13,7 @@ import dataclasses
 import difflib
 import logging
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +75,18 @@ def parse_override(item: str) -> Override:
     except yaml.YAMLError:
         value = text  # e.g. a path with characters YAML reserves: keep the text as given
     return Override(key, value, delete)
+
+
+def parse_key_values(items: Iterable[str]) -> dict[str, Any]:
+    """`key=value` items as a dict, values read as YAML as in `parse_override`: the flat settings of a CLI flag
+    such as `--speculative`, where `~key` has no default to put back."""
+    values = {}
+    for item in items:
+        override = parse_override(item)
+        if override.delete:
+            raise ConfigError(f"{item!r}: give key=value here (~key deletes nothing)")
+        values[override.key] = override.value
+    return values
 
 
 def is_section(path: str) -> bool:

@@ -25,9 +25,22 @@ ROLLOUT_GENERATED_TOKENS = "rollout/generated_tokens"  # tokens sampled
 # whether the cap bounded the decode batch.
 ROLLOUT_PEAK_RUNNING_SEQS = "rollout/peak_running_seqs"
 
+# Fraction of engine model-step wall time in decode steps of at most `speculative.disable_by_batch_size` (its default)
+# sequences: weight-read bound steps, what speculative decoding shortens.
+ROLLOUT_SMALL_BATCH_FRAC = "rollout/small_batch_frac"
+# Speculative decoding, when it is on: accepted / drafted tokens; tokens per sequence per verify step; verify and plain
+# decode steps in the drafting range, and their wall seconds.
+SPEC_ACCEPTANCE_RATE = "rollout/spec/acceptance_rate"
+SPEC_TOKENS_PER_VERIFY = "rollout/spec/tokens_per_verify"
+SPEC_NUM_VERIFY_STEPS = "rollout/spec/num_verify_steps"
+SPEC_NUM_PLAIN_STEPS = "rollout/spec/num_plain_steps"
+SPEC_VERIFY_TIME_S = "rollout/spec/verify_time_s"
+SPEC_PLAIN_TIME_S = "rollout/spec/plain_time_s"
+
 # Training update (the actor; old-log-prob and reference passes reuse its micro-batching).
 ACTOR_NUM_MICRO_BATCHES = "actor/num_micro_batches"  # forward+backward micro-batches, all mini-batches and epochs
 ACTOR_MICRO_BATCH_TOKENS = "actor/micro_batch_tokens_mean"  # real (non-pad) tokens per micro-batch, mean
+ACTOR_TOKEN_BUDGET = "actor/micro_batch_token_budget"  # the update's token budget (sized from memory when unset)
 ACTOR_PAD_FRAC = "actor/pad_frac"  # padded positions / computed positions in the update forwards (0 when packed)
 ACTOR_PREFIX_GROUPED = "actor/prefix_grouped"  # fraction of update mini-batches run prefix-grouped (prompt once)
 

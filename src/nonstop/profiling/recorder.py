@@ -14,6 +14,7 @@ A drop-in for the trainer's `Timer`: `with rec("gen"):` adds to `rec.timings["ti
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -67,6 +68,7 @@ class PhaseRecorder:
         self.device_index = torch.cuda._get_device_index(device, optional=True) if self.cuda else None
         self._stack: list[Span] = []
         self._book = _StepBook()
+        self.on_open: Callable[[str], None] | None = None  # told each phase as it starts (the progress bar's)
 
     def span(self, phase: str, tokens: int | None = None) -> Span:
         return Span(self, phase, tokens)
@@ -83,6 +85,8 @@ class PhaseRecorder:
             self._fold_memory_peaks()
             torch.cuda.nvtx.range_push(span.phase)
         self._stack.append(span)
+        if self.on_open is not None:
+            self.on_open(span.phase)
         span.start = time.perf_counter()
 
     def _close_span(self, span: Span) -> None:

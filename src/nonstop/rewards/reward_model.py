@@ -11,6 +11,10 @@ What the model reads: the prompt's chat messages plus `{"role": "assistant", "co
 reward model's own chat template (verl's "switch chat template", so the reward model's tokenizer need not be the
 policy's); a tokenizer without a chat template reads the decoded prompt and response as one plain text.
 `reward_model.max_length` cuts longer inputs from the right.
+
+Neither a size nor a token budget set: the budget is sized from free memory and a micro-batch that runs out of
+memory is split and retried, as the actor's (batching/memory_budget.py; `reward_model/micro_batch_token_budget`,
+`reward_model/oom_retries`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ import torch
 from torch import Tensor
 
 from nonstop.batching.balancing import fixed_micro_batches, token_budget_micro_batches
+from nonstop.batching.memory_budget import MicroBatchBudget, run_micro_batches
+
+BUDGET_KEY = "reward_model.forward_max_token_len_per_gpu"
 
 
 class RewardModel:
@@ -46,6 +53,8 @@ class RewardModel:
             config.pad_token_id = pad
         self.pad_token_id = config.pad_token_id
         self.device = next(model.parameters()).device
+        unset = micro_batch_size is None and max_token_len is None
+        self.budget = MicroBatchBudget.for_device("reward_model", BUDGET_KEY, unset, self.device)
 
     @classmethod
     def from_config(cls, reward_model_cfg: Any, device: torch.device) -> RewardModel:
@@ -84,12 +93,18 @@ class RewardModel:
     def score_ids(self, input_ids: Sequence[Sequence[int]]) -> Tensor:
         """`[B]` float32 scores of token-id sequences, in the given order."""
         lengths = [len(x) for x in input_ids]
-        if self.max_token_len is not None:
-            parts = token_budget_micro_batches(lengths, self.max_token_len, key="forward_max_token_len_per_gpu")
-        else:
-            parts = fixed_micro_batches(len(input_ids), self.micro_batch_size or max(1, len(input_ids)))
         scores_B = torch.zeros(len(input_ids), dtype=torch.float32)
-        for part in parts:
+
+        def plan(rows: list[int]) -> list[list[int]]:
+            if self.max_token_len is None and not self.budget.auto:
+                parts = fixed_micro_batches(len(rows), self.micro_batch_size or max(1, len(rows)))
+            else:
+                row_lengths = [lengths[i] for i in rows]
+                budget = self.budget.budget(row_lengths, self.max_token_len)
+                parts = token_budget_micro_batches(row_lengths, budget, key=BUDGET_KEY)
+            return [[rows[i] for i in part] for part in parts]
+
+        def run(part: list[int]) -> None:
             width = max(lengths[i] for i in part)
             ids_MT = torch.full((len(part), width), self.pad_token_id, dtype=torch.long)
             mask_MT = torch.zeros((len(part), width), dtype=torch.long)
@@ -98,6 +113,10 @@ class RewardModel:
                 mask_MT[row, : lengths[i]] = 1
             logits_M1 = self.model(input_ids=ids_MT.to(self.device), attention_mask=mask_MT.to(self.device)).logits
             scores_B[part] = logits_M1[:, 0].float().cpu()
+
+        everything = list(range(len(input_ids)))
+        if everything:
+            run_micro_batches(plan(everything), run, lambda part: [lengths[i] for i in part], self.budget, plan)
         return scores_B
 
     def score_texts(self, texts: Sequence[str]) -> Tensor:

@@ -182,6 +182,8 @@ class LLMEngine:
         prefill = not verify and max(batch.num_new_tokens, default=0) > 1
         if batch.seqs:
             timed = not verify and not prefill and spec is not None and spec.in_range(self.scheduler)
+            graphs = self.model_runner.graphs
+            captures = graphs.num_captures if graphs is not None else 0
             launched_at = time.perf_counter()
             try:
                 sampled = self.model_runner.launch(batch)
@@ -189,6 +191,10 @@ class LLMEngine:
                 # Scheduling registered prefix-cache hashes for blocks this step never wrote.
                 self.block_manager.reset_prefix_cache()
                 raise
+            # A launch that captured its CUDA graph took the capture's time, not a step's: the draft rule must not
+            # weigh it (one captured verify launch would otherwise make verifying look too dear to ever try again).
+            captured = graphs is not None and graphs.num_captures != captures
+            timed = timed and not captured
             if self.args.async_scheduling and not verify:
                 result = self.scheduler.advance(batch)
                 launched = _InFlight(sampled, result.sampled, batch.num_scheduler_steps if timed else 0, launched_at)
@@ -218,7 +224,7 @@ class LLMEngine:
             stats.verify_time_s += elapsed
             stats.num_spec_range_steps += 1
             spec.policy.verified([s.seq_id for s in batch.seqs], list(map(len, batch.draft_token_ids)),
-                                 result.accepted, elapsed)  # fmt: skip
+                                 result.accepted, None if captured else elapsed)  # fmt: skip
         elif prefill:
             stats.prefill_time_s += elapsed
         else:

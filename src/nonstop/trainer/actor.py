@@ -37,10 +37,11 @@ from nonstop.batching.micro_batches import (
     pack_rows,
     prefix_grouped,
     rank_mini_batch_size,
+    row_tokens,
+    run_pass,
     unpack_rows,
 )
 from nonstop.batching.packing import pack_sequences
-from nonstop.batching.prefix_grouping import group_by_prompt, grouped_tokens
 from nonstop.config.actor import ActorConfig, RefConfig
 from nonstop.config.algorithm import RolloutCorrectionConfig
 from nonstop.config.rollout import RolloutConfig
@@ -83,7 +84,7 @@ class Actor:
             config.ppo_max_token_len_per_gpu,
             config.ppo_micro_batch_size_per_gpu,
             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
-        )
+        ).with_budget("actor", self.device)
         self.skipped_steps = 0
         self._micro_batch_tokens: list[int] = []  # tokens of each micro-batch of the current update
         self._grouped_mini_batches: list[bool] = []  # whether each mini-batch step of the current update was grouped
@@ -109,15 +110,6 @@ class Actor:
         `ppo_max_token_len_per_gpu`, `ppo_micro_batch_size_per_gpu`): by token budget (whole prompt groups, each
         costing its prompt once, when `grouped`) or by count. Across ranks, every rank gets the largest rank's count."""
         return micro_batches(batch, rows, self.device, rule or self.update_batching, grouped)
-
-    @staticmethod
-    def _computed_tokens(batch: RolloutBatch, rows: list[int], grouped: bool) -> int:
-        """Tokens the forward of `rows` runs: each shared prompt once when grouped."""
-        if not grouped:
-            return sum(batch.total_lengths[r] for r in rows)
-        prompts = [batch.samples[r].prompt_token_ids for r in rows]
-        prompt_lengths, response_lengths = [len(p) for p in prompts], [batch.response_lengths[r] for r in rows]
-        return sum(grouped_tokens(prompt_lengths, response_lengths, g) for g in group_by_prompt(prompts))
 
     # -- forward ----------------------------------------------------------------------------------------------------
 
@@ -156,9 +148,12 @@ class Actor:
         out_BL = torch.zeros(len(batch), width, device=self.device)
         everything = list(range(len(batch)))
         grouped = self.prefix_grouped(batch, everything)
+
+        def run(rows: list[int]) -> None:
+            out_BL[rows] = self.forward(batch, rows, width, compute_entropy=False, model=model, grouped=grouped)[0]
+
         with fused_kernels(False):
-            for rows in self.micro_batches(batch, everything, grouped, rule):
-                out_BL[rows] = self.forward(batch, rows, width, compute_entropy=False, model=model, grouped=grouped)[0]
+            run_pass(batch, everything, self.device, rule or self.update_batching, grouped, run)
         return out_BL
 
     @torch.no_grad()
@@ -213,6 +208,7 @@ class Actor:
         metrics["actor/micro_batch_tokens_mean"] = sum(self._micro_batch_tokens) / len(self._micro_batch_tokens)
         metrics["actor/pad_frac"] = 0.0
         metrics["actor/prefix_grouped"] = sum(self._grouped_mini_batches) / len(self._grouped_mini_batches)
+        metrics.update(self.update_batching.budget.pop_metrics())
         return metrics
 
     def _mini_batch_step(
@@ -232,21 +228,24 @@ class Actor:
         world_size = current().world_size
         counts = all_reduce_sum_(torch.stack([mask_BL[mini].sum(), torch.tensor(len(mini), device=self.device)]))
         info = {"batch_num_tokens": counts[0], "global_batch_size": counts[1]}
-        totals = {k: torch.zeros((), device=self.device) for k in ("loss", "pg_loss", "entropy", "clipfrac", "kl")}
+        totals: dict[str, Tensor] = {}
         grouped = self.prefix_grouped(batch, mini)
         self._grouped_mini_batches.append(grouped)
-        for rows in self.micro_batches(batch, mini, grouped):
-            self._micro_batch_tokens.append(self._computed_tokens(batch, rows, grouped))
+
+        def add(key: str, value: Tensor) -> None:
+            totals[key] = totals.get(key, 0.0) + value
+
+        def run(rows: list[int]) -> None:
             mask_bL = mask_BL[rows]
             logp_bL, entropy_bL = self.forward(batch, rows, width, compute_entropy=True, grouped=grouped)
             old_bL = logp_bL.detach() if old_log_prob_BL is None else old_log_prob_BL[rows]
+            share = mask_bL.sum() / info["batch_num_tokens"]  # token share, to turn micro means into a mini mean
             is_weights_bL = None
             if rollout_log_prob_BL is not None:
                 rollout_bL = rollout_log_prob_BL[rows]
                 is_weights_bL = rollout_is_weights(old_bL, rollout_bL, mask_bL, self.rollout_correction)
                 for key, value in behaviour_gap(old_bL, rollout_bL, mask_bL, is_weights_bL).items():
-                    totals.setdefault(key, torch.zeros((), device=self.device))
-                    totals[key] += value * (mask_bL.sum() / info["batch_num_tokens"])
+                    add(key, value * share)
             pg_loss, pg_metrics = self.loss_fn(
                 old_bL,
                 logp_bL,
@@ -265,15 +264,20 @@ class Actor:
                 kl_bL = kl_penalty(logp_bL, ref_log_prob_BL[rows], cfg.kl_loss_type)
                 kl_loss = agg_loss(kl_bL, mask_bL, cfg.loss_agg_mode, **info)
                 loss = loss + cfg.kl_loss_coef * kl_loss
-                totals.setdefault("kl_loss", torch.zeros((), device=self.device))
-                totals["kl_loss"] += kl_loss.detach()
+                add("kl_loss", kl_loss.detach())
             (loss * world_size).backward()  # FSDP averages over ranks; the normalisers are global already
-            share = mask_bL.sum() / info["batch_num_tokens"]  # token share, to turn micro means into a mini mean
-            totals["loss"] += loss.detach()
-            totals["pg_loss"] += pg_loss.detach()
-            totals["entropy"] += (entropy_bL.detach() * mask_bL).sum() / info["batch_num_tokens"]
-            totals["clipfrac"] += pg_metrics["actor/pg_clipfrac"] * share
-            totals["kl"] += pg_metrics["actor/ppo_kl"] * share
+            add("loss", loss.detach())
+            add("pg_loss", pg_loss.detach())
+            add("entropy", (entropy_bL.detach() * mask_bL).sum() / info["batch_num_tokens"])
+            add("clipfrac", pg_metrics["actor/pg_clipfrac"] * share)
+            add("kl", pg_metrics["actor/ppo_kl"] * share)
+
+        def restart() -> None:  # an out-of-memory mid-backward leaves part of its gradient: run the mini-batch again
+            self.optimizer.zero_grad(set_to_none=True)
+            totals.clear()
+
+        ran = run_pass(batch, mini, self.device, self.update_batching, grouped, run, restart)
+        self._micro_batch_tokens += [sum(row_tokens(batch, rows, grouped)) for rows in ran]
         # Each rank summed its share over the global normalisers: the sums are the mini-batch's values.
         stacked = all_reduce_sum_(torch.stack(list(totals.values())))
         totals = dict(zip(totals, stacked, strict=True))
@@ -297,13 +301,16 @@ class Actor:
         return metrics
 
 
-def log_prob_micro_batching(section: RolloutConfig | RefConfig, name: str) -> MicroBatching:
+def log_prob_micro_batching(
+    section: RolloutConfig | RefConfig, name: str, metric_prefix: str, device: torch.device
+) -> MicroBatching:
     """A log-prob pass's micro-batches from `section.log_prob_*` (verl's: the old-log-prob pass reads
     `actor_rollout_ref.rollout`'s, the reference pass `actor_rollout_ref.ref`'s; null there = the actor's, filled by
-    the config). `name`: the section's key path, for errors."""
+    the config), with its memory state on `device`. `name`: the section's key path, for errors; `metric_prefix`: the
+    pass's budget and retry metrics' (`actor/log_prob`, `ref`)."""
     return MicroBatching(
         section.log_prob_use_dynamic_bsz,
         section.log_prob_max_token_len_per_gpu,
         section.log_prob_micro_batch_size_per_gpu,
         f"{name}.log_prob_max_token_len_per_gpu",
-    )
+    ).with_budget(metric_prefix, device)

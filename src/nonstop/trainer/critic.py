@@ -12,7 +12,8 @@ The value of response token t is read from the hidden state one position to its 
 chosen: the same `predict_index_R` the actor scores log-probs from (verl's `values[:, -response_length - 1 : -1]`).
 
 Every micro-batch loss is normalised by its mini-batch's token / sequence count, so the accumulated gradient is the
-mini-batch's whatever the split.
+mini-batch's whatever the split. Unset micro-batching and out-of-memory retries work as the actor's
+(batching/memory_budget.py): `critic/values/*` and `critic/*` `micro_batch_token_budget` and `oom_retries`.
 
 Several ranks (FSDP2, dist/fsdp.py, sharded like the actor with `critic.model.fsdp_config`): as the actor, every rank
 passes and updates its own share of the batch; the normalisers are the mini-batch's over all ranks and the backward
@@ -35,11 +36,11 @@ from nonstop.algos import compute_value_loss, explained_variance_from_sums, expl
 from nonstop.batching.batch import RolloutBatch
 from nonstop.batching.micro_batches import (
     MicroBatching,
-    micro_batches,
     mini_batches,
     pack_rows,
     prefix_grouped,
     rank_mini_batch_size,
+    run_pass,
     unpack_rows,
 )
 from nonstop.config import NonstopConfig
@@ -85,6 +86,18 @@ class Critic:
         self.device = next(model.parameters()).device
         self.optimizer, self.scheduler = build_optimizer(model, config.optim, total_steps)
         self.skipped_steps = 0
+        self.values_batching = MicroBatching(
+            config.use_dynamic_bsz,
+            config.forward_max_token_len_per_gpu,
+            config.forward_micro_batch_size_per_gpu,
+            "critic.forward_max_token_len_per_gpu",
+        ).with_budget("critic/values", self.device)
+        self.update_batching = MicroBatching(
+            config.use_dynamic_bsz,
+            config.ppo_max_token_len_per_gpu,
+            config.ppo_micro_batch_size_per_gpu,
+            "critic.ppo_max_token_len_per_gpu",
+        ).with_budget("critic", self.device)
 
     def prefix_grouped(self, batch: RolloutBatch, rows: list[int]) -> bool:
         """Whether `rows` run prefix-grouped under `critic.use_prefix_grouper` (batching/micro_batches.py)."""
@@ -104,22 +117,17 @@ class Critic:
         """`[B, L]` values under the current weights (the `values` phase), micro-batched by
         `forward_micro_batch_size_per_gpu` / `forward_max_token_len_per_gpu`. Fused kernels off, as for the actor's
         old log-probs, so the first update's predictions equal these values bit for bit."""
-        cfg = self.config
         width = batch.response_mask().shape[1]
         values_BL = torch.zeros(len(batch), width, device=self.device)
         self.model.eval()
         everything = list(range(len(batch)))
         grouped = self.prefix_grouped(batch, everything)
-        rule = MicroBatching(
-            cfg.use_dynamic_bsz,
-            cfg.forward_max_token_len_per_gpu,
-            cfg.forward_micro_batch_size_per_gpu,
-            "critic.forward_max_token_len_per_gpu",
-        )
-        parts = micro_batches(batch, everything, self.device, rule, grouped)
+
+        def run(rows: list[int]) -> None:
+            values_BL[rows] = self.forward(batch, rows, width, grouped)
+
         with fused_kernels(False):
-            for rows in parts:
-                values_BL[rows] = self.forward(batch, rows, width, grouped)
+            run_pass(batch, everything, self.device, self.values_batching, grouped, run)
         return values_BL
 
     def update(self, batch: RolloutBatch, values_BL: Tensor, returns_BL: Tensor) -> dict[str, float]:
@@ -143,6 +151,8 @@ class Critic:
         metrics["critic/lr"] = lr
         metrics["critic/skipped_steps"] = float(self.skipped_steps)
         metrics["critic/prefix_grouped"] = num_grouped / num_updates
+        metrics.update(self.values_batching.budget.pop_metrics())  # the values pass ran before, in the same step
+        metrics.update(self.update_batching.budget.pop_metrics())
         return metrics
 
     def _mini_batch_step(
@@ -159,15 +169,9 @@ class Critic:
         world_size = current().world_size
         counts = all_reduce_sum_(torch.stack([mask_BL[mini].sum(), torch.tensor(len(mini), device=self.device)]))
         info = {"batch_num_tokens": counts[0], "global_batch_size": counts[1]}
-        totals = {k: torch.zeros((), device=self.device) for k in ("vf_loss", "vf_clipfrac", "vpred_mean")}
-        rule = MicroBatching(
-            cfg.use_dynamic_bsz,
-            cfg.ppo_max_token_len_per_gpu,
-            cfg.ppo_micro_batch_size_per_gpu,
-            "critic.ppo_max_token_len_per_gpu",
-        )
-        parts = micro_batches(batch, mini, self.device, rule, grouped)
-        for rows in parts:
+        totals: dict[str, Tensor] = {}
+
+        def run(rows: list[int]) -> None:
             mask_bL = mask_BL[rows]
             vpreds_bL = self.forward(batch, rows, width, grouped)
             vf_loss, vf_clipfrac = compute_value_loss(
@@ -181,9 +185,18 @@ class Critic:
             )
             (vf_loss * world_size).backward()  # FSDP averages over ranks; the normalisers are global already
             share = mask_bL.sum() / info["batch_num_tokens"]  # token share: micro means into the mini-batch mean
-            totals["vf_loss"] += vf_loss.detach()
-            totals["vf_clipfrac"] += vf_clipfrac * share
-            totals["vpred_mean"] += (vpreds_bL.detach() * mask_bL).sum() / info["batch_num_tokens"]
+            for key, value in (
+                ("vf_loss", vf_loss.detach()),
+                ("vf_clipfrac", vf_clipfrac * share),
+                ("vpred_mean", (vpreds_bL.detach() * mask_bL).sum() / info["batch_num_tokens"]),
+            ):
+                totals[key] = totals.get(key, 0.0) + value
+
+        def restart() -> None:  # an out-of-memory mid-backward leaves part of its gradient: run the mini-batch again
+            self.optimizer.zero_grad(set_to_none=True)
+            totals.clear()
+
+        run_pass(batch, mini, self.device, self.update_batching, grouped, run, restart)
         # Each rank summed its share over the global normalisers: the sums are the mini-batch's values.
         totals = dict(zip(totals, all_reduce_sum_(torch.stack(list(totals.values()))), strict=True))
         grad_norm = full_value(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))

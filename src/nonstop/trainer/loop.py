@@ -82,8 +82,10 @@ class Trainer:
             model, arr.actor, rollout.n, self.total_steps, self.sampling.train.temperature, compute_dtype,
             rollout_correction=config.algorithm.rollout_correction,
         )  # fmt: skip
-        self.old_log_prob_batching = log_prob_micro_batching(rollout, "actor_rollout_ref.rollout")
-        self.ref_log_prob_batching = log_prob_micro_batching(arr.ref, "actor_rollout_ref.ref")
+        self.old_log_prob_batching = log_prob_micro_batching(
+            rollout, "actor_rollout_ref.rollout", "actor/log_prob", self.device
+        )
+        self.ref_log_prob_batching = log_prob_micro_batching(arr.ref, "actor_rollout_ref.ref", "ref", self.device)
         self.critic = build_critic(config, model, critic_model, self.total_steps, compute_dtype)
         self.dist = current()
         # Estimators that whiten over the batch (gae, reinforce++) do it over every rank's share: the global batch's.
@@ -94,8 +96,10 @@ class Trainer:
         rank_dir = self.run_dir if self.rank_zero else self.run_dir / f"rank_{self.dist.rank}"
         self.log = MetricsLog(rank_dir, console=console and self.rank_zero)
         self.profiler = RunProfiler.from_config(config.global_profiler, rank_dir, self.device, self.dist.rank)
+        self.profiler.recorder.on_open = self.log.phase
         self.num_params = sum(p.numel() for p in model.parameters())
         self.nonfinite_streak = 0
+        self.resumed_metrics_row: dict[str, float | None] | None = None  # set by resume_run
         self.heap_frozen = False
         self.scorer = Scorer(config, reward_pool, tokenizer, reward_model)
         self.generation = colocated_generation(config, llm, self.actor, self.scorer, self.sampling, self.dist)
@@ -116,19 +120,22 @@ class Trainer:
 
     def fit(self) -> list[dict[str, float]]:
         """Train up to `total_steps` (continuing from a checkpoint per `trainer.resume_mode`); returns the metrics of
-        the steps run by this call (all steps are in `RUN_DIR/metrics.jsonl`)."""
+        the steps run by this call (all steps are in `RUN_DIR/metrics.jsonl`). Ctrl-C stops it between two lines of
+        its log: the finished steps' metrics and the plots are written, one line says where it stopped, and the
+        `KeyboardInterrupt` goes on to the caller."""
         trainer_cfg = self.config.trainer
         self.log.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.rank_zero:
-            (self.run_dir / "config.yaml").write_text(config_to_yaml(self.config))
         resumed = self.resume()
+        if self.rank_zero:  # after the resume: a failed one leaves the run's config.yaml as it was
+            (self.run_dir / "config.yaml").write_text(config_to_yaml(self.config))
         start = resumed or 0
         loggers = trainer_cfg.logger if self.rank_zero else []
         names = (trainer_cfg.project_name, trainer_cfg.experiment_name)
         self.log.sinks = build_sinks(loggers, self.run_dir, *names, dataclasses.asdict(self.config))
-        self.log.start(self.total_steps, resumed)
+        self.log.start(self.total_steps, resumed, self.resumed_metrics_row)
         self.profiler.start(resumed)
         history = []
+        step = start
         try:
             # val_only validates whatever was loaded (a resumed checkpoint included); val_before_train only a fresh run.
             validate_first = trainer_cfg.val_only or (trainer_cfg.val_before_train and resumed is None)
@@ -145,6 +152,12 @@ class Trainer:
                 self.log.write(step, metrics)
                 history.append(metrics)
                 self._check_nonfinite(step, metrics)
+        except KeyboardInterrupt:
+            self.log.close()  # the progress bar ends before the line
+            if self.rank_zero:
+                plot_curves(self.run_dir)
+                print(self._interrupted(step), flush=True)
+            raise
         finally:
             self.source.close()
             self.log.close()
@@ -152,6 +165,11 @@ class Trainer:
         if self.rank_zero:
             plot_curves(self.run_dir)
         return history
+
+    def _interrupted(self, step: int) -> str:
+        latest = latest_checkpoint(self.ckpt_root) if self.ckpt_root.exists() else None
+        resume = f"the same command resumes from {latest}" if latest else "no checkpoint was written yet"
+        return f"interrupted in step {step}: the finished steps' metrics are in {self.log.path}; {resume}"
 
     def step(self, step: int) -> dict[str, float]:
         """One training step, with the validation and checkpoint that fall on it (inside `timing_s/step`, as in
@@ -165,8 +183,8 @@ class Trainer:
                 with rec("validation"):
                     metrics.update(self.validate(step))
             if trainer_cfg.save_freq > 0 and (step % trainer_cfg.save_freq == 0 or last):
-                with rec("checkpoint"):
-                    self.save(step)
+                with rec("checkpoint"):  # the row follows the checkpoint: the checkpoint keeps it, for a resume
+                    self.save(step, reduce_metrics(dict(metrics)) | {"training/global_step": float(step)})
         metrics.update(self.profiler.last.metrics)
         metrics = timed_step_metrics(reduce_metrics(metrics), step, self.num_params, self.device, flops)
         metrics.update(self.source.step_metrics(metrics))
@@ -180,6 +198,7 @@ class Trainer:
         time is known."""
         cfg, ppo_epochs = self.config, self.config.actor_rollout_ref.actor.ppo_epochs
         samples = self.source.next_batch(step, rec)
+        self.scorer.check_all_failed(step)
         batch, scores_B = self._balance(samples, rec)
         if cfg.trainer.rollout_data_dir is not None:
             dump_generations(cfg.trainer.rollout_data_dir, step, self.dist.rank, batch, scores_B, self.tokenizer)
@@ -225,6 +244,9 @@ class Trainer:
         if trains_actor or self.source.publishes_every_step:  # a new policy version, weights changed or not
             with rec("update_weights"):
                 self.source.publish_weights(step)
+        for rule, ran in ((self.old_log_prob_batching, old_log_prob_BL), (self.ref_log_prob_batching, ref_log_prob_BL)):
+            if ran is not None:  # the pass's budget and out-of-memory retries (batching/memory_budget.py)
+                metrics.update(rule.budget.pop_metrics())
         metrics.update(self.scorer.pop_metrics())
         metrics.update(samples.metrics)
         metrics["perf/total_num_tokens"] = float(tokens)
@@ -262,10 +284,11 @@ class Trainer:
         """The `val/*` metrics at `step` (validation.py), with the engine the source lends."""
         assert self.generation is not None, "build.py refuses validation under split placement"
         with self.source.paused():
-            return validate(self.generation, self.val_loader, self.dist, step, self.config.trainer.validation_data_dir)
+            dump_dir = self.config.trainer.validation_data_dir
+            return validate(self.generation, self.val_loader, self.dist, step, dump_dir, progress=self.log.phase)
 
-    def save(self, step: int) -> Path:
-        return save_run(self, step)
+    def save(self, step: int, metrics_row: dict[str, float] | None = None) -> Path:
+        return save_run(self, step, metrics_row)
 
     def resume(self) -> int | None:
         """Continue from the checkpoint `trainer.resume_mode` names; its step, or None when starting fresh."""

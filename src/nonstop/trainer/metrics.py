@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from nonstop.batching.batch import RolloutBatch
-from nonstop.profiling.timeline import truncate_steps
+from nonstop.profiling.timeline import read_jsonl, truncate_steps
 from nonstop.trainer.loggers import MetricSink
 
 
@@ -52,9 +52,15 @@ def data_metrics(batch: RolloutBatch, scores_B: Tensor, advantages_BL: Tensor, m
     }
 
 
+def finite_or_none(metrics: dict[str, float]) -> dict[str, float | None]:
+    """Non-finite values as None: JSON has no NaN."""
+    return {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}
+
+
 class MetricsLog:
     """Appends one JSON object per step to `metrics.jsonl` (non-finite floats as null: JSON has no NaN), forwards
-    the step to the `trainer.logger` sinks, and prints the console line above the progress bar."""
+    the step to the `trainer.logger` sinks, and prints the console line above the progress bar, which names the
+    phase running (`phase`)."""
 
     def __init__(self, run_dir: Path, console: bool = True, sinks: Sequence[MetricSink] = ()):
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -62,18 +68,29 @@ class MetricsLog:
         self.console, self.sinks = console, list(sinks)
         self.progress = None
 
-    def start(self, total_steps: int, resume_step: int | None) -> None:
+    def start(
+        self, total_steps: int, resume_step: int | None, saved_row: dict[str, float | None] | None = None
+    ) -> None:
         """A fresh run empties `metrics.jsonl`; a resumed one keeps the rows up to its checkpoint's step, so the file
-        reads as if the run had never stopped."""
+        reads as if the run had never stopped. `saved_row`: the checkpoint's copy of its step's metrics, written when
+        the run stopped after the checkpoint but before that step's row (without the step's timings)."""
         truncate_steps(self.path, resume_step)
         self.path.touch()
+        if saved_row is not None and resume_step not in {row.get("step") for row in read_jsonl(self.path)}:
+            with self.path.open("a") as f:
+                f.write(json.dumps({"step": resume_step, **saved_row}) + "\n")
         if self.console:
             from tqdm import tqdm
 
             self.progress = tqdm(total=total_steps, initial=resume_step or 0, desc="train", unit="step")
 
+    def phase(self, name: str) -> None:
+        """Show the phase now running (the profiler's span names: gen, reward, update_actor, ...) on the bar."""
+        if self.progress is not None:
+            self.progress.set_postfix_str(name)
+
     def write(self, step: int, metrics: dict[str, float]) -> None:
-        row = {"step": step, **{k: (v if math.isfinite(v) else None) for k, v in metrics.items()}}
+        row = {"step": step, **finite_or_none(metrics)}
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
         for sink in self.sinks:

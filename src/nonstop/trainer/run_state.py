@@ -8,13 +8,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nonstop.trainer.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
+from nonstop.trainer.metrics import finite_or_none
 from nonstop.trainer.sources.base import loader_state
 
 if TYPE_CHECKING:
     from nonstop.trainer.loop import Trainer
 
 
-def save_run(trainer: Trainer, step: int) -> Path:
+def save_run(trainer: Trainer, step: int, metrics_row: dict[str, float] | None = None) -> Path:
+    """`metrics_row`: the step's metrics known before its checkpoint (its timings are not), kept so that a resume
+    can write the step's row when the run stopped between the checkpoint and the row (`MetricsLog.start`)."""
     state = TrainingState(
         step=step,
         scheduler=trainer.actor.scheduler.state_dict(),
@@ -23,7 +26,9 @@ def save_run(trainer: Trainer, step: int) -> Path:
         extra={
             "skipped_steps": trainer.actor.skipped_steps,
             "nonfinite_streak": trainer.nonfinite_streak,
+            "reward_all_failed_streak": trainer.scorer.guard.streak,
             "source": trainer.source.state_dict(),
+            "metrics_row": None if metrics_row is None else finite_or_none(metrics_row),
         },
     )
     critic = None
@@ -69,6 +74,8 @@ def resume_run(trainer: Trainer) -> int | None:
             loader.load_state_dict(saved)
     trainer.actor.skipped_steps = state.extra["skipped_steps"]
     trainer.nonfinite_streak = state.extra["nonfinite_streak"]
+    trainer.scorer.guard.streak = state.extra.get("reward_all_failed_streak", 0)  # absent: saved before the guard ran
+    trainer.resumed_metrics_row = state.extra.get("metrics_row")
     trainer.source.load_state_dict(state.extra["source"])
     trainer.source.publish_weights(state.step)
     if trainer.rank_zero:

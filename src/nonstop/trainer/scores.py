@@ -1,6 +1,7 @@
 """A step's scores: the rule scorer's from the reward pool (submitted as each sample finishes, so scoring overlaps
 generation), a reward model's (`reward_model.combine`: replace or sum), and DAPO's overlong shaping, added to the
-training reward only (`val/*/score` stays the task's own score).
+training reward only (`val/*/score` stays the task's own score). A run whose rule scorer fails on every training
+sample stops after `reward_model.max_all_failed_steps` such steps (`check_all_failed`, rewards/guard.py).
 
 Every sample the pool scores is named by `reward_id(prefix, row)`: the row it takes in the batch scored under
 `prefix` (`train_prefix` / `val_prefix`). Producers (colocated generation, the rollouter, a rollout rank) and
@@ -17,7 +18,7 @@ from torch import Tensor
 
 from nonstop.batching.batch import RolloutBatch, Sample
 from nonstop.config import NonstopConfig
-from nonstop.rewards import RewardPool
+from nonstop.rewards import AllFailedGuard, RewardPool
 from nonstop.rewards.overlong import overlong_penalties
 from nonstop.rewards.reward_model import RewardModel
 
@@ -27,10 +28,13 @@ def reward_id(prefix: str, row: int) -> str:
     return f"{prefix}-{row}"
 
 
+TRAIN = "train-"
+
+
 def train_prefix(step: int, gen_round: int = 0) -> str:
     """The prefix of step `step`'s samples; `gen_round` > 0 for the later generation batches of DAPO's dynamic
     sampling."""
-    return f"train-{step}" if gen_round == 0 else f"train-{step}-gen{gen_round}"
+    return f"{TRAIN}{step}" if gen_round == 0 else f"{TRAIN}{step}-gen{gen_round}"
 
 
 def group_prefix(group: int) -> str:
@@ -53,6 +57,8 @@ class Scorer:
         self.scores_rules = reward_model is None or config.reward_model.combine == "sum"
         self.overlong = config.reward_model.overlong_buffer
         self.max_response_length = config.data.max_response_length
+        self.guard = AllFailedGuard(config.reward_model.max_all_failed_steps, pool.scorer)
+        self._train_results: list[Any] = []  # the rule scorer's results of training samples since the last check
 
     def submit(self, prefix: str, first_row: int, samples: Sequence[Sample]) -> None:
         """Queue `samples`, rows `first_row`, `first_row + 1`, ... of the batch scored under `prefix`, for the rule
@@ -78,6 +84,8 @@ class Scorer:
         if self.scores_rules:
             ids = [reward_id(prefix, i) for i in range(len(batch))]
             results = self.pool.collect(ids)
+            if prefix.startswith(TRAIN):
+                self._train_results += results.values()
             scores_B = torch.tensor([results[i].score for i in ids], dtype=torch.float32)
             extras = [results[i].extra for i in ids]
         if self.reward_model is not None:
@@ -92,6 +100,13 @@ class Scorer:
             ]
             scores_B = scores_B + self.reward_model.score_ids(inputs)
         return scores_B, extras
+
+    def check_all_failed(self, step: int) -> None:
+        """Raise when every training sample's rule score failed in `max_all_failed_steps` steps in a row (the
+        results collected since the previous call count as step `step`'s)."""
+        results, self._train_results = self._train_results, []
+        if self.scores_rules:
+            self.guard.check(step, results)
 
     def shaping(self, batch: RolloutBatch) -> Tensor:
         """`[B]` what the training reward adds to the score: DAPO's overlong penalty, or zeros."""
@@ -111,8 +126,11 @@ class Scorer:
         }
 
     def pop_metrics(self) -> dict[str, float]:
-        """The pool's `reward/*` since the previous call."""
-        return self.pool.pop_metrics()
+        """The pool's `reward/*` since the previous call, and the reward model's micro-batch budget and retries."""
+        metrics = self.pool.pop_metrics()
+        if self.reward_model is not None:
+            metrics.update(self.reward_model.budget.pop_metrics())
+        return metrics
 
     def close(self) -> None:
         self.pool.close()

@@ -5,6 +5,7 @@ samples that have it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -19,12 +20,20 @@ from nonstop.trainer.sources.generation import EngineGeneration
 
 @torch.no_grad()
 def validate(
-    generation: EngineGeneration, val_loader: Any, dist: DistInfo, step: int, dump_dir: str | None = None
+    generation: EngineGeneration,
+    val_loader: Any,
+    dist: DistInfo,
+    step: int,
+    dump_dir: str | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, float]:
     """The `val/*` metrics at `step` (the weights trained by `step` steps); every rank must call it. `dump_dir`
-    (`trainer.validation_data_dir`): each rank's generations as JSONL there (dumps.py)."""
+    (`trainer.validation_data_dir`): each rank's generations as JSONL there (dumps.py). `progress`: told
+    "validation i/N" as each batch starts (the progress bar)."""
     values: dict[tuple[str, str], list[float]] = {}
     for i in range(len(val_loader)):
+        if progress is not None:
+            progress(f"validation {i + 1}/{len(val_loader)}")
         prefix = val_prefix(step, i)
         first, prompts = rank_share(val_loader.next_batch(), dist, even=False)
         batch, _ = generation.generate(prompts, generation.sampling.val, step, prefix, first_index=first)

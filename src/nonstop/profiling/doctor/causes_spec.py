@@ -10,13 +10,13 @@ is lost (the `auto` rule already keeps plain decoding there).
 
 from __future__ import annotations
 
+from nonstop.config.rollout import SpeculativeConfig
 from nonstop.profiling.doctor.causes_overlap import overlap_accounts
+from nonstop.profiling.doctor.change import Change
 from nonstop.profiling.doctor.finding import CLEAR, FOUND, NO_DATA, Finding, pct
 from nonstop.profiling.doctor.run_data import RunData
-from nonstop.profiling.phases import timing_key
-from nonstop.rollout.metrics import (
-    SMALL_BATCH,
-    SMALL_BATCH_FRAC,
+from nonstop.profiling.metric_names import (
+    ROLLOUT_SMALL_BATCH_FRAC,
     SPEC_ACCEPTANCE_RATE,
     SPEC_NUM_PLAIN_STEPS,
     SPEC_NUM_VERIFY_STEPS,
@@ -24,8 +24,10 @@ from nonstop.rollout.metrics import (
     SPEC_TOKENS_PER_VERIFY,
     SPEC_VERIFY_TIME_S,
 )
+from nonstop.profiling.phases import timing_key
 
 GEN = timing_key("gen")
+SMALL_BATCH = SpeculativeConfig().disable_by_batch_size  # the drafting range's default, as the engine counts it
 METHOD = "actor_rollout_ref.rollout.speculative.method"
 # The speed-up assumed for small-batch decode before a run measured its own acceptance: a stated assumption, not a
 # measurement (the run with speculation on replaces it with its own).
@@ -38,21 +40,25 @@ def speculative_decoding(run: RunData) -> Finding:
         f.status = CLEAR
         f.evidence.append(f"trainer.mode={run.cfg('trainer.mode')}: generation overlaps training; see overlap_wait")
         return f
-    pairs = [(r[GEN], r[SMALL_BATCH_FRAC]) for r in run.steps if None not in (r.get(GEN), r.get(SMALL_BATCH_FRAC))]
+    pairs = [
+        (r[GEN], r[ROLLOUT_SMALL_BATCH_FRAC])
+        for r in run.steps
+        if None not in (r.get(GEN), r.get(ROLLOUT_SMALL_BATCH_FRAC))
+    ]
     if not pairs:
-        f.missing = [m for m in (GEN, SMALL_BATCH_FRAC) if not run.has(m)]
+        f.missing = [m for m in (GEN, ROLLOUT_SMALL_BATCH_FRAC) if not run.has(m)]
         return f
     small_s = sum(gen * frac for gen, frac in pairs)
     gen_s = run.total(GEN)
     f.evidence.append(
-        f"{SMALL_BATCH_FRAC}: {pct(small_s / max(gen_s, 1e-9))} of generation time ({small_s:.1f} s) ran at most "
-        f"{SMALL_BATCH} sequences, where a decode step costs its weight reads whatever its tokens"
+        f"{ROLLOUT_SMALL_BATCH_FRAC}: {pct(small_s / max(gen_s, 1e-9))} of generation time ({small_s:.1f} s) ran at "
+        f"most {SMALL_BATCH} sequences, where a decode step costs its weight reads whatever its tokens"
     )
     if run.cfg(METHOD, "off") == "off":
         f.gpu_s_lost = small_s * (1 - 1 / ASSUMED_SPEEDUP) * run.num_gpus
         f.status = FOUND if f.gpu_s_lost > 0 else CLEAR
         f.evidence.append(f"speculative decoding is off; a {ASSUMED_SPEEDUP}x speed-up there is assumed")
-        f.changes.append(f"{METHOD}=suffix  (drafts from the group's own samples, verified exactly)")
+        f.changes.append(Change({METHOD: "suffix"}, "drafts from the group's own samples, verified exactly"))
         return f
     if not run.has(SPEC_NUM_VERIFY_STEPS):
         f.status = CLEAR
@@ -75,7 +81,9 @@ def speculative_decoding(run: RunData) -> Finding:
     f.status = FOUND if f.gpu_s_lost > 0 else CLEAR
     if f.status == FOUND:
         f.changes.append(
-            "actor_rollout_ref.rollout.speculative.draft_rule=always  (the auto rule left steps plain where verify "
-            "steps measured faster)"
+            Change(
+                {"actor_rollout_ref.rollout.speculative.draft_rule": "always"},
+                "the auto rule left steps plain where verify steps measured faster",
+            )
         )
     return f

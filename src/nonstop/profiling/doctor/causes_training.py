@@ -15,6 +15,7 @@ from nonstop.profiling.metric_names import (
     ACTOR_NUM_MICRO_BATCHES,
     ACTOR_PAD_FRAC,
     ACTOR_PREFIX_GROUPED,
+    ACTOR_TOKEN_BUDGET,
 )
 from nonstop.profiling.phases import timing_key
 
@@ -138,9 +139,15 @@ def tiny_micro_batches(run: RunData) -> Finding:
     f.status = FOUND if f.gpu_s_lost > 0 else CLEAR
     if f.status != FOUND:
         return f
-    change = _budget_change(run, batching)
+    sized = run.mean(ACTOR_TOKEN_BUDGET) if run.cfg(f"{ACTOR}.ppo_micro_batch_size_per_gpu") is None else None
+    change = None if sized is not None and not run.cfg(DYNAMIC_BSZ) else _budget_change(run, batching)
     if change is not None:
         f.changes.append(change)
+    elif sized is not None and not run.cfg(DYNAMIC_BSZ) and batching.per_mini_batch >= SEVERAL:
+        f.notes.append(
+            f"the token budget ({sized:.0f} tokens, {ACTOR_TOKEN_BUDGET}) was sized from free memory: a larger one "
+            "would not fit in the memory the update had"
+        )
     elif batching.per_mini_batch >= SEVERAL:
         f.notes.append(f"the micro-batches already fill {TOKEN_BUDGET}={run.cfg(TOKEN_BUDGET)}: padding is the loss")
     else:

@@ -26,6 +26,8 @@ RECOMMENDED_KEYS = frozenset(
         "actor_rollout_ref.actor.use_prefix_grouper",
         "actor_rollout_ref.actor.use_kl_loss",
         "reward_model.num_workers",
+        "actor_rollout_ref.rollout.speculative.method",
+        "actor_rollout_ref.rollout.speculative.draft_rule",
     )
 )
 

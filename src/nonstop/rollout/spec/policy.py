@@ -78,8 +78,9 @@ class DraftPolicy:
     def _probing(self) -> bool:
         return self.steps_since_probe >= PROBE_EVERY
 
-    def verified(self, seq_ids: list[int], drafts: list[int], accepted: list[int], wall_s: float) -> None:
-        """A verify step's outcome: per sequence its draft length and accepted tokens; its wall time."""
+    def verified(self, seq_ids: list[int], drafts: list[int], accepted: list[int], wall_s: float | None) -> None:
+        """A verify step's outcome: per sequence its draft length and accepted tokens; its wall time (None: not a
+        step's time, e.g. it captured a CUDA graph)."""
         self._step(verify=True, wall_s=wall_s)
         gain, cap = self.gain, self.cap
         for seq_id, k, a in zip(seq_ids, drafts, accepted, strict=True):
@@ -93,8 +94,9 @@ class DraftPolicy:
         """A plain decode launch of `num_steps` steps, in the drafting range, took `wall_s`."""
         self._step(verify=False, wall_s=wall_s / num_steps)
 
-    def _step(self, verify: bool, wall_s: float) -> None:
-        (self.verify_times if verify else self.plain_times).append(wall_s)
+    def _step(self, verify: bool, wall_s: float | None) -> None:
+        if wall_s is not None:
+            (self.verify_times if verify else self.plain_times).append(wall_s)
         self.steps_since_probe = 0 if self._probing() else self.steps_since_probe + 1
 
     def forget(self, seq_ids: list[int]) -> None:
