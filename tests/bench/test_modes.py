@@ -13,12 +13,13 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "dist"))
 from dist_helpers import spawn  # noqa: E402
 
 from nonstop.bench import modes  # noqa: E402
+from nonstop.bench.trainer_inputs import response_budget  # noqa: E402
 
 
 def test_response_budgets_are_long_tailed_and_the_same_for_a_prompt():
     args = argparse.Namespace(median_response=32, sigma=0.8, response_len=256)
-    budgets = [modes.response_budget([i, i + 1, 7], args) for i in range(400)]
-    assert budgets == [modes.response_budget([i, i + 1, 7], args) for i in range(400)]
+    budgets = [response_budget([i, i + 1, 7], args) for i in range(400)]
+    assert budgets == [response_budget([i, i + 1, 7], args) for i in range(400)]
     assert 1 <= min(budgets) and max(budgets) <= 256
     ordered = sorted(budgets)
     assert 24 <= ordered[200] <= 42  # median near 32
@@ -71,6 +72,21 @@ def test_a_mode_can_carry_overrides_of_its_own(tmp_path):
     assert sorted(results) == sorted(modes_arg.split(","))
     assert results["async+async_training.max_staleness=0"]["metrics"]["async/staleness/max"] == 0
     assert results["async"]["metrics"]["async/staleness/max"] == 1  # --max-staleness 1 for the plain one
+
+
+def test_sync_against_sync_carrying_its_tail_reports_trained_throughput(tmp_path):
+    out = tmp_path / "modes.json"
+    argv = "--model tiny --device cpu --prompts 4 --n 2 --prompt-len 8 --response-len 16 --median-response 6"
+    carry = "sync+actor_rollout_ref.rollout.tail.enable=True+actor_rollout_ref.rollout.tail.min_running_frac=0.5"
+    assert (
+        modes.main([*argv.split(), "--modes", f"sync,{carry}", "--steps", "3", "--warmup", "1", "--out", str(out)]) == 0
+    )
+    results = json.loads(out.read_text())["results"]
+    sync, carried = results["sync"], results[carry]
+    # A sync step trains the same tokens every step: trained tokens over the window's time is tokens a step / mean.
+    assert sync["throughput"] == pytest.approx(sync["tokens_per_step"] / sync["step_s"])
+    assert sync["samples_per_s"] == pytest.approx(4 * 2 / sync["step_s"])
+    assert "tail/num_carried" in carried["metrics"] and carried["throughput"] > 0 and carried["samples_per_s"] > 0
 
 
 def two_rank_bench(rank: int, out: str) -> None:

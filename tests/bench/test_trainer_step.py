@@ -89,6 +89,30 @@ def test_a_variant_runs_with_its_overrides_and_reports_ratios(tmp_path):
     assert "small" in trainer_step.table(result) and trainer_step.problems(result, 6) == []
 
 
+def test_longtail_lengths_against_the_carry_over_report_trained_tokens_per_second(tmp_path):
+    """`--response-lengths longtail`: every prompt's length is the bench's log-normal budget (the plain side's
+    responses have exactly those lengths); the carry-over variant trains the same kind of work, and the report
+    compares trained tokens per second."""
+    longtail = ["--response-lengths", "longtail", "--median-response", "3", "--prompts", "4", "--steps", "3"]
+    carry = ["actor_rollout_ref.rollout.tail.enable=True", "actor_rollout_ref.rollout.tail.min_running_frac=0.5"]
+    args = trainer_step.parse_args([*TINY_ARGS, *longtail, "--sides", "nonstop", "--variant", "carry", *carry])
+    result = trainer_step.run(TINY, args, tmp_path)
+    plain, side = result["nonstop"], result["variants"]["carry"]
+    assert "error" not in plain and "error" not in side, (plain, side)
+    assert len(plain["step_s_all"]) == len(side["step_s_all"]) == 1 + 3  # the last, finishing step is not timed
+    lengths = plain["metrics"]
+    assert 1 <= lengths["response_length/min"] < lengths["response_length/max"] <= 6  # per-prompt, capped
+    for s in (plain, side):
+        assert s["trained_tokens_per_s"] > 0
+    assert side["trained_speedup_vs_nonstop"] == pytest.approx(
+        side["trained_tokens_per_s"] / plain["trained_tokens_per_s"]
+    )
+    assert "tail/num_carried" in side["metrics"] and "tail/num_carried" not in plain["metrics"]
+    assert "trained tok/s" in trainer_step.table(result) and trainer_step.problems(result, None) == []
+    with pytest.raises(SystemExit):  # TRL cannot follow per-prompt lengths
+        trainer_step.parse_args([*TINY_ARGS, *longtail])
+
+
 @pytest.mark.parametrize("bench", ["trainer", "modes"])
 def test_samples_per_prompt_passes_through_torchrun_where_n_cannot(bench):
     """torchrun's parser scans every argument for its own options, script arguments included, and rejects `--n` as

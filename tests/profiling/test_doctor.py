@@ -168,8 +168,10 @@ def test_long_tail_ranks_first_with_overlapped_modes(tmp_path):
     first = ranked(write_run(tmp_path, metrics=metrics))[0]
     assert first.cause == "generation_long_tail"
     assert first.gpu_s_lost == pytest.approx(12.0 * 0.7 * 0.9 * NUM_STEPS)
-    # On one GPU only one_step_off: async measured no faster than sync there (docs/modes.md); on two, async too.
-    assert overrides(first) == [{"trainer.mode": "one_step_off"}]
+    # On one GPU the carry-over first, then one_step_off: async measured no faster than sync there (docs/modes.md); on
+    # two, one_step_off and async (the carry-over runs on one rank so far).
+    assert overrides(first) == [{"actor_rollout_ref.rollout.tail.enable": True}, {"trainer.mode": "one_step_off"}]
+    assert "8.40 s a step, 70% of generation, batch 10% full" in first.changes[0].why
     two = ranked(write_run(tmp_path / "two", {"trainer.n_gpus_per_node": 2}, metrics))[0]
     assert overrides(two)[:2] == [{"trainer.mode": "one_step_off"}, {"trainer.mode": "async"}]
     # Colocated one_step_off overlaps the tail with training: its cost is the wait's idle share, unmeasured here.
@@ -185,6 +187,13 @@ def test_long_tail_ranks_first_with_overlapped_modes(tmp_path):
         f for f in ranked(write_run(tmp_path / "c", split_async, split_metrics)) if f.cause == "generation_long_tail"
     )
     assert tail.changes == [] and "already async" in tail.notes[0]
+
+
+def test_long_tail_with_the_carry_over_on_is_noted_not_proposed_again(tmp_path):
+    metrics = {"timing_s/step": 16.0, "timing_s/gen": 12.0, "rollout/tail_frac": 0.7, "tail/num_carried": 40.0}
+    run = write_run(tmp_path, {"actor_rollout_ref.rollout.tail.enable": True}, metrics)
+    tail = next(f for f in ranked(run) if f.cause == "generation_long_tail")
+    assert tail.changes == [] and "carried over already (40 sequences a step" in tail.notes[0]
 
 
 def test_group_samples_with_long_prompts_rank_shared_prompts_first(tmp_path):

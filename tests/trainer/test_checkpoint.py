@@ -6,26 +6,11 @@ import json
 
 import pytest
 import torch
+from trainer_helpers import comparable
 
 from nonstop.cli import main
 from nonstop.models import PackedAttention
 from nonstop.trainer import checkpoint as ckpt_mod
-
-TIMING_PREFIXES = ("timing_s/", "perf/")
-# Fractions of generation wall time: they vary from run to run like the timings themselves.
-WALL_TIME_WEIGHTED = {
-    "rollout/tail_frac",
-    "rollout/tail_batch_fill",
-    "rollout/kv_blocked_frac",
-    "rollout/small_batch_frac",
-}
-
-
-def comparable(path) -> list[dict]:
-    """metrics.jsonl rows without wall-clock values (`timing_s/*`, `perf/*`, `*_s` seconds, time-weighted)."""
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-    clock = lambda k: k.startswith(TIMING_PREFIXES) or k.endswith("_s") or k in WALL_TIME_WEIGHTED  # noqa: E731
-    return [{k: v for k, v in row.items() if not clock(k)} for row in rows]
 
 
 def test_resume_reproduces_uninterrupted_metrics(trainer_factory, tmp_path, monkeypatch):

@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 import torch
 from test_actor import random_batch
-from test_checkpoint import comparable
 from torch.testing import assert_close
-from trainer_helpers import make_trainer, tiny_model
+from trainer_helpers import comparable, make_trainer, tiny_model
 
 from nonstop.algos import explained_variance
 from nonstop.config import load_config

@@ -138,7 +138,7 @@ def test_cap_on_generation_rounds_stops_the_step(dapo_factory, tmp_path):
 
 
 def test_resume_after_dynamic_sampling_steps_reproduces_metrics(dapo_factory, tmp_path, monkeypatch):
-    from test_checkpoint import comparable
+    from trainer_helpers import comparable
 
     overrides = (*DAPO, "trainer.total_training_steps=4", "trainer.save_freq=2")
     dapo_factory(overrides, run_dir=tmp_path / "a").fit()

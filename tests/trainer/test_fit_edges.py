@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_checkpoint import comparable
+from trainer_helpers import comparable
 
 from nonstop.cli import train_cmd
 from nonstop.trainer.plots import CURVES_FILE

@@ -9,8 +9,7 @@ import json
 import pytest
 import torch
 from test_actor import random_batch
-from test_checkpoint import comparable
-from trainer_helpers import tiny_model
+from trainer_helpers import comparable, tiny_model
 
 from nonstop.cli import main
 from nonstop.config import ConfigError, load_config

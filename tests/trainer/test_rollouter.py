@@ -47,7 +47,7 @@ def drive(rollouter, engine_steps: int | None = None) -> None:
         outputs = rollouter.llm.step()
         with rollouter.cond:
             for output in outputs:
-                rollouter._record(output)
+                rollouter.record(output)
         taken += 1
 
 

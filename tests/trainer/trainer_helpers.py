@@ -4,6 +4,7 @@ token 7, on a tiny random `CausalLM` with a 32-token vocabulary."""
 from __future__ import annotations
 
 import copy
+import json
 
 import torch
 
@@ -20,6 +21,14 @@ from nonstop.trainer.build import add_lora_adapters, build_engine, reference_mod
 
 TARGET_TOKEN = 7
 VOCAB = 32
+TIMING_PREFIXES = ("timing_s/", "perf/")
+# Fractions of generation wall time: they vary from run to run like the timings themselves.
+WALL_TIME_WEIGHTED = {
+    "rollout/tail_frac",
+    "rollout/tail_batch_fill",
+    "rollout/kv_blocked_frac",
+    "rollout/small_batch_frac",
+}
 
 
 def seven_fraction(data_source, solution_str, ground_truth, extra_info=None) -> float:
@@ -60,6 +69,13 @@ class FixedPrompts:
             batch.append(TokenizedPrompt(row=row, prompt_token_ids=ids))
             self.count += 1
         return batch
+
+
+def comparable(path) -> list[dict]:
+    """metrics.jsonl rows without wall-clock values (`timing_s/*`, `perf/*`, `*_s` seconds, time-weighted)."""
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    clock = lambda k: k.startswith(TIMING_PREFIXES) or k.endswith("_s") or k in WALL_TIME_WEIGHTED  # noqa: E731
+    return [{k: v for k, v in row.items() if not clock(k)} for row in rows]
 
 
 def tiny_model(seed: int = 0) -> CausalLM:

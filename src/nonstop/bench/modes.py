@@ -9,7 +9,9 @@ same tokens for the same prompt and only the overlap differs. Pseudo-random rewa
 Per mode: the mean step wall time over the `--steps` steps after `--warmup` (one `trainer.step` call: in the overlap
 modes the rollouter generates the next blocks meanwhile, so one step's generation spills into the next and per-step
 times alternate between short and long ones, which a median misstates; the median is kept as
-`step_s_median`), throughput = (prompt + response tokens) / step time, samples/s, the ratio to sync,
+`step_s_median`), throughput = (prompt + response tokens) trained / the window's time, samples/s likewise (a mode
+carrying the tail into the next step, `sync+actor_rollout_ref.rollout.tail.enable=True`, trains batches of varying
+size), the ratio to sync,
 `trainer/idle_ratio`, `rollouter/idle_ratio`, staleness, weight-sync time, and the kernel-busy fraction (union of all
 CUDA kernels, both streams, over the step's wall time) from a torch.profiler trace of one more step after the timed
 ones (the profiler slows it several times: it is left out of the timing; one more step follows it, so that in the
@@ -28,7 +30,6 @@ import argparse
 import hashlib
 import json
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ import numpy as np
 from nonstop.bench.env import default_result_path, environment, write_result
 from nonstop.bench.shapes import model_config, tiny_config
 from nonstop.bench.trainer_inputs import (
+    long_tail,
     prompt_texts,
     write_model_dir,
     write_prompts,
@@ -78,13 +80,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def response_budget(prompt_token_ids: list[int], args: argparse.Namespace) -> int:
-    """One prompt's max_tokens: log-normal, seeded by the prompt's tokens, so every mode draws the same."""
-    seed = int.from_bytes(hashlib.blake2b(str(prompt_token_ids).encode(), digest_size=4).digest(), "little")
-    draw = np.random.default_rng(seed).lognormal(np.log(args.median_response), args.sigma)
-    return int(np.clip(round(draw), 1, args.response_len))
-
-
 def split_mode(name: str) -> tuple[str, list[str]]:
     """`MODE[+key=value…]` -> (MODE, [key=value, …]); a `+` inside a value (`lr=1e+6`) stays in it."""
     spec, *pieces = name.split("+")
@@ -124,12 +119,7 @@ def run_mode(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any] 
         *own,
     ]
 
-    def long_tail(trainer) -> None:
-        trainer.request_params = lambda prompt, params: replace(
-            params, max_tokens=response_budget(list(prompt.prompt_token_ids), args)
-        )
-
-    result = run_nonstop(work, run_args, prepare=long_tail, after_steps=2)
+    result = run_nonstop(work, run_args, prepare=long_tail(args), after_steps=2)
     if result is None:
         return None
     summary = run_dir / "profile" / "summary.json"
@@ -140,8 +130,7 @@ def run_mode(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any] 
     # The timed window's mean: the throughput the mode sustains (see the module docstring).
     result["step_s_median"] = result["step_s"]
     result["step_s"] = float(np.mean(result.pop("step_s_all")[args.warmup :]))
-    result["throughput"] = result["tokens_per_step"] / result["step_s"]
-    result["samples_per_s"] = args.prompts * args.n / result["step_s"]
+    result["throughput"], result["samples_per_s"] = result["trained_tokens_per_s"], result["trained_samples_per_s"]
     return result
 
 

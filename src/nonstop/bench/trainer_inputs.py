@@ -6,10 +6,13 @@ sides), a verl JSONL data file and a reward file (nonstop's `custom_reward_funct
 
 from __future__ import annotations
 
+import argparse
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -71,6 +74,26 @@ def write_model_dir(config: ModelConfig, out_dir: Path, device: torch.device, se
     model.init_weights(generator=torch.Generator(device).manual_seed(seed))
     save_hf(model, out_dir, tokenizer=word_tokenizer(config.vocab_size), dtype=torch.bfloat16)
     return out_dir
+
+
+def response_budget(prompt_token_ids: list[int], args: argparse.Namespace) -> int:
+    """One prompt's max_tokens: log-normal, seeded by the prompt's tokens, so every mode draws the same."""
+    seed = int.from_bytes(hashlib.blake2b(str(prompt_token_ids).encode(), digest_size=4).digest(), "little")
+    draw = np.random.default_rng(seed).lognormal(np.log(args.median_response), args.sigma)
+    return int(np.clip(round(draw), 1, args.response_len))
+
+
+def long_tail(args: argparse.Namespace) -> Callable[[Any], None]:
+    """Sets a built trainer's per-prompt `max_tokens` to `response_budget` (with `ignore_eos`, the response lengths
+    of the bench's long-tailed workload: log-normal, median `args.median_response`, sigma `args.sigma`, capped at
+    `args.response_len`)."""
+
+    def prepare(trainer: Any) -> None:
+        trainer.request_params = lambda prompt, params: replace(
+            params, max_tokens=response_budget(list(prompt.prompt_token_ids), args)
+        )
+
+    return prepare
 
 
 def prompt_texts(num_prompts: int, prompt_len: int, vocab_size: int, seed: int = 0) -> list[str]:

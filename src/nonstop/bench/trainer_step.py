@@ -35,6 +35,7 @@ import torch
 
 from nonstop.bench.trainer_inputs import (
     REWARD_NAME,
+    long_tail,
     prompt_texts,
     trl_reward,
     write_model_dir,
@@ -67,6 +68,11 @@ def median_metrics(rows: list[dict[str, float]], prefixes: tuple[str, ...]) -> d
 
 
 # -- nonstop ----------------------------------------------------------------------------------------------------------
+
+# The metrics a nonstop run reports (medians over the timed steps).
+METRIC_PREFIXES = tuple(
+    "timing_s/ perf/ response_length/ critic/score/ actor/ trainer/ rollouter/ async/ tail/".split()
+)
 
 
 def nonstop_overrides(work: Path, args: argparse.Namespace) -> list[str]:
@@ -104,10 +110,14 @@ def run_nonstop(
     `after_steps` more steps run after the timed ones and are left out of every result (a profiled step: the
     profiler makes it several times slower); they set `trainer.total_training_steps`, over any given override.
     None on a rollout rank of split placement, which steps along but measures nothing (its steps report no
-    metrics: they travel to the trainer ranks)."""
+    metrics: they travel to the trainer ranks). `--response-lengths longtail` (`args.response_lengths`) sets the
+    long-tailed lengths and one more step after the timed ones: a run's last step finishes every sequence a
+    carry-over holds, and the steady state is what is timed."""
     from nonstop.config import load_config
     from nonstop.trainer import build_trainer
 
+    if getattr(args, "response_lengths", "fixed") == "longtail":
+        prepare, after_steps = prepare or long_tail(args), max(after_steps, 1)
     total = args.warmup + args.steps + after_steps
     overrides = nonstop_overrides(work, args) + ([f"trainer.total_training_steps={total}"] if after_steps else [])
     trainer = build_trainer(load_config(None, overrides), console=False)
@@ -135,10 +145,15 @@ def run_nonstop(
     times, rows = times[: args.warmup + args.steps], rows[: args.warmup + args.steps]
     result = timed(times, args.warmup)
     kept = rows[args.warmup :]
-    prefixes = ("timing_s/", "perf/", "response_length/", "critic/score/", "actor/", "trainer/", "rollouter/", "async/")
-    result["metrics"] = median_metrics(kept, prefixes)
+    result["metrics"] = median_metrics(kept, METRIC_PREFIXES)
     result["tokens_per_step"] = statistics.median(row["perf/total_num_tokens"] for row in kept)
     result["throughput"] = result["tokens_per_step"] / result["step_s"]
+    # Tokens and samples trained over the timed steps' wall time: with the tail carried over, a step's batch (and
+    # time) varies. A step's samples: its tokens over the mean prompt + response length.
+    timed_s = sum(times[args.warmup :])
+    result["trained_tokens_per_s"] = sum(row["perf/total_num_tokens"] for row in kept) / timed_s
+    samples = sum(r["perf/total_num_tokens"] / (r["prompt_length/mean"] + r["response_length/mean"]) for r in kept)
+    result["trained_samples_per_s"] = samples / timed_s
     result["min_response_length"] = min(row["response_length/min"] for row in rows)
     return result
 
@@ -227,7 +242,14 @@ SIDES = {"nonstop": run_nonstop, "trl": run_trl}
 
 def table(result: dict[str, Any]) -> str:
     """Step medians, throughputs, the ratio and nonstop's per-phase breakdown, as printed at the end of a run."""
-    lines = [f"{'':8} {'step s':>8} {'tok/s':>9} {'min len':>8}"]
+    lines = [f"{'':8} {'step s':>8} {'tok/s':>9} {'min len':>8} {'trained tok/s':>13}"]
+
+    def row(name: str, side: dict[str, Any]) -> str:
+        trained = side.get("trained_tokens_per_s")
+        return f"{name:8} {side['step_s']:8.3f} {side['throughput']:9.0f} {side['min_response_length']:8.0f} " + (
+            f"{trained:13.0f}" if trained is not None else f"{'':13}"
+        )
+
     for name in SIDES:
         side = result.get(name)
         if side is None:
@@ -235,7 +257,7 @@ def table(result: dict[str, Any]) -> str:
         if "error" in side:
             lines.append(f"{name:8} failed: {side['error']}")
             continue
-        lines.append(f"{name:8} {side['step_s']:8.3f} {side['throughput']:9.0f} {side['min_response_length']:8.0f}")
+        lines.append(row(name, side))
     for name, side in result.get("variants", {}).items():
         if "error" in side:
             lines.append(f"{name:8} failed: {side['error']}")
@@ -243,9 +265,9 @@ def table(result: dict[str, Any]) -> str:
         ratios = ", ".join(
             f"{v:.2f}x {k.removeprefix('speedup_vs_')}" for k, v in side.items() if k.startswith("speedup_vs_")
         )
-        lines.append(
-            f"{name:8} {side['step_s']:8.3f} {side['throughput']:9.0f} {side['min_response_length']:8.0f}  {ratios}"
-        )
+        if "trained_speedup_vs_nonstop" in side:
+            ratios += f"; trained tok/s {side['trained_speedup_vs_nonstop']:.2f}x nonstop"
+        lines.append(f"{row(name, side)}  {ratios}")
     if "speedup" in result:
         lines.append(f"nonstop's step is {result['speedup']:.1f}x faster than TRL's (median step time ratio)")
     metrics = result.get("nonstop", {}).get("metrics", {})
@@ -257,8 +279,9 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def problems(result: dict[str, Any], response_len: int) -> list[str]:
-    """What makes the comparison invalid: a side that failed, or completions shorter than the forced length."""
+def problems(result: dict[str, Any], response_len: int | None) -> list[str]:
+    """What makes the comparison invalid: a side that failed, or completions shorter than the forced length (None:
+    lengths are not forced to one value, `--response-lengths longtail`)."""
     found = []
     runs = {**{name: result.get(name) for name in SIDES}, **result.get("variants", {})}
     for name, side in runs.items():
@@ -266,7 +289,7 @@ def problems(result: dict[str, Any], response_len: int) -> list[str]:
             continue
         if "error" in side:
             found.append(f"{name} failed: {side['error']}")
-        elif side["min_response_length"] < response_len:
+        elif response_len is not None and side["min_response_length"] < response_len:
             found.append(
                 f"{name}: a completion was {side['min_response_length']:.0f} tokens, not {response_len}: the step "
                 "times compare different work"
@@ -333,6 +356,10 @@ def run(model_config: ModelConfig, args: argparse.Namespace, work: Path) -> dict
             for base in ("nonstop", "trl"):
                 if "step_s" in side and "step_s" in result.get(base, {}):
                     side[f"speedup_vs_{base}"] = result[base]["step_s"] / side["step_s"]
+            if "trained_tokens_per_s" in side and "trained_tokens_per_s" in result.get("nonstop", {}):
+                side["trained_speedup_vs_nonstop"] = (
+                    side["trained_tokens_per_s"] / result["nonstop"]["trained_tokens_per_s"]
+                )
             result.setdefault("variants", {})[name] = side
     ours, theirs = result.get("nonstop", {}), result.get("trl", {})
     if "step_s" in ours and "step_s" in theirs:
@@ -376,6 +403,15 @@ def parser() -> argparse.ArgumentParser:
     add_samples_per_prompt(p)
     p.add_argument("--prompt-len", type=int, default=128, help="tokens per prompt")
     p.add_argument("--response-len", type=int, default=256, help="tokens per completion (forced on both sides)")
+    p.add_argument(
+        "--response-lengths",
+        choices=("fixed", "longtail"),
+        default="fixed",
+        help="fixed: every completion --response-len tokens; longtail (nonstop only): each prompt's length log-normal "
+        "(median --median-response, sigma --sigma, capped at --response-len), as in bench rollout / modes",
+    )
+    p.add_argument("--median-response", type=int, default=192, help="median of the longtail lengths")
+    p.add_argument("--sigma", type=float, default=0.8, help="log-normal sigma of the longtail lengths")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first, on each side")
     p.add_argument("--steps", type=int, default=5, help="timed steps, on each side")
     p.add_argument("--lr", type=float, default=1e-6, help="learning rate of both sides")
@@ -401,18 +437,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def workload(args: argparse.Namespace) -> dict[str, Any]:
-    keys = (
-        "prompts",
-        "n",
-        "prompt_len",
-        "response_len",
-        "warmup",
-        "steps",
-        "lr",
-        "trl_micro_batch",
-        "override",
-        "variant",
-    )
+    keys = ("prompts", "n", "prompt_len", "response_len", "response_lengths", "median_response", "sigma", "warmup")
+    keys += ("steps", "lr", "trl_micro_batch", "override", "variant")
     return {k: getattr(args, k) for k in keys}
 
 
@@ -424,6 +450,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             variant(values)
         except argparse.ArgumentTypeError as e:
             p.error(str(e))
+    if args.response_lengths == "longtail" and "trl" in args.sides:
+        p.error("--response-lengths longtail runs nonstop only (TRL forces one length): add --sides nonstop")
     return args
 
 
@@ -442,13 +470,18 @@ def main(argv: list[str] | None = None) -> int:
         env["trl"], env["datasets"] = trl.__version__, datasets.__version__
     with work_dir(args.work_dir, "trainer") as work:
         result = run(model_cfg, args, work)
+    lengths = (
+        f"{args.response_len} tokens"
+        if args.response_lengths == "fixed"
+        else (f"long-tailed lengths (median {args.median_response}, sigma {args.sigma}, cap {args.response_len})")
+    )
     print(
-        f"\n{args.shape}: {args.prompts} prompts x {args.n} completions x {args.response_len} tokens (prompts "
+        f"\n{args.shape}: {args.prompts} prompts x {args.n} completions x {lengths} (prompts "
         f"{args.prompt_len} tokens); {env.get('gpu', 'cpu')}, torch {env['torch']}, TRL {env.get('trl')}; "
         f"{current().world_size} rank(s)"
     )
     print(table(result))
-    found = problems(result, args.response_len)
+    found = problems(result, args.response_len if args.response_lengths == "fixed" else None)
     for problem in found:
         print("PROBLEM:", problem)
     if args.out and is_rank_zero():  # under torchrun every rank measured; rank 0 writes

@@ -94,6 +94,34 @@ class SpeculativeConfig:
 
 
 @dataclass
+class TailConfig:
+    """Carry unfinished responses into the next step instead of waiting for the long tail (trainer/sources/carry.py,
+    docs/modes.md)."""
+
+    enable: bool = option(
+        False,
+        "(nonstop) trainer.mode=sync / one_step_off: stop a step's generation at its tail and continue the unfinished "
+        "sequences (tokens, log-probs and policy versions kept, KV released) in the next step's generation, with the "
+        "new weights; a step trains the groups whose n samples have all finished. Every sample is trained once",
+    )
+    min_running_frac: float = option(
+        0.25,
+        "(nonstop) The tail: generation stops once fewer than this share of the phase's peak decode batch still runs "
+        "(or, trainer.mode=sync, once data.train_batch_size groups are done, whichever comes first); 0 = sync stops "
+        "only when the batch's groups are done, one_step_off never stops early",
+    )
+    max_staleness: int = option(
+        1,
+        "(nonstop) trainer.mode=sync: most weight versions a sequence is carried across; one that reached it is "
+        "finished first at the next step (never dropped). 0 = no carry (plain sync). one_step_off's bound is 1",
+    )
+
+    def __post_init__(self):
+        check(0 <= self.min_running_frac < 1, "min_running_frac", self.min_running_frac, "must be in [0, 1)")
+        check(self.max_staleness >= 0, "max_staleness", self.max_staleness, "must be >= 0")
+
+
+@dataclass
 class RolloutConfig:
     n: int = option(1, "Responses sampled per prompt (the GRPO group size)")
     temperature: float = option(1.0, "Sampling temperature")
@@ -149,6 +177,7 @@ class RolloutConfig:
         None, "Token budget per micro-batch; null = actor's ppo_max_token_len_per_gpu"
     )
     speculative: SpeculativeConfig = section(SpeculativeConfig, "(nonstop) Speculative decoding")
+    tail: TailConfig = section(TailConfig, "(nonstop) Carry unfinished responses into the next step")
     val_kwargs: ValKwargsConfig = section(ValKwargsConfig, "Sampling for validation")
 
     def __post_init__(self):

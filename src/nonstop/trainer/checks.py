@@ -35,6 +35,24 @@ def check_supported(config: NonstopConfig, ref_model: torch.nn.Module | None) ->
         raise ValueError("algorithm.use_kl_in_reward is not supported by the trainer yet; use actor.use_kl_loss")
     if config.actor_rollout_ref.actor.use_kl_loss and ref_model is None:
         raise ValueError("actor_rollout_ref.actor.use_kl_loss=True needs a reference model")
+    check_tail(config)
+
+
+def check_tail(config: NonstopConfig) -> None:
+    """`rollout.tail.enable`: the colocated sync and one_step_off loops (async already continues partial rollouts
+    across updates), without DAPO's dynamic sampling."""
+    if not config.actor_rollout_ref.rollout.tail.enable:
+        return
+    key, trainer_cfg = "actor_rollout_ref.rollout.tail.enable=True", config.trainer
+    if trainer_cfg.mode == "async":
+        raise ValueError(
+            f"{key} carries unfinished responses in trainer.mode=sync or one_step_off; trainer.mode=async continues "
+            "them across updates already (async_training.partial_rollout)"
+        )
+    if trainer_cfg.placement == "split":
+        raise ValueError(f"{key} is not supported with trainer.placement=split yet; use trainer.placement=colocate")
+    if config.algorithm.filter_groups.enable:
+        raise ValueError(f"{key} is not supported with algorithm.filter_groups.enable=True (DAPO dynamic sampling) yet")
 
 
 def check_data_parallel(config: NonstopConfig, info: DistInfo) -> None:
@@ -51,6 +69,8 @@ def check_data_parallel(config: NonstopConfig, info: DistInfo) -> None:
         raise ValueError("algorithm.filter_groups runs on one rank only so far")
     if config.actor_rollout_ref.model.lora_rank > 0:
         raise ValueError("LoRA (actor_rollout_ref.model.lora_rank > 0) runs on one rank only so far")
+    if config.actor_rollout_ref.rollout.tail.enable:
+        raise ValueError("actor_rollout_ref.rollout.tail.enable=True runs on one rank only so far")
     check_prompt_counts(config, info.world_size, "ranks")
 
 

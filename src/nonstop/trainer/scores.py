@@ -37,6 +37,12 @@ def train_prefix(step: int, gen_round: int = 0) -> str:
     return f"{TRAIN}{step}" if gen_round == 0 else f"{TRAIN}{step}-gen{gen_round}"
 
 
+def group_prefix(group: int) -> str:
+    """The prefix of one carried-over group's samples (rows 0..n-1), scored as the group finishes: which step trains
+    it is not known until then (trainer.mode=sync with `rollout.tail.enable`)."""
+    return f"train-group-{group}"
+
+
 def val_prefix(step: int, batch_index: int) -> str:
     return f"val-{step}-{batch_index}"
 

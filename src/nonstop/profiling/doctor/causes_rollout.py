@@ -43,6 +43,18 @@ KV_RECOVERABLE = 0.5
 ASYNC = Change(
     {"trainer.mode": "async"}, "partial rollouts continue across weight updates: the tail never holds a step"
 )
+TAIL_ENABLE = "actor_rollout_ref.rollout.tail.enable"
+
+
+def carry_over(tail_s: float, gen_s: float, fill: float, steps: int) -> Change:
+    """The carry-over of unfinished responses, with what the run's tail cost."""
+    return Change(
+        {TAIL_ENABLE: True},
+        f"the tail ({tail_s / max(steps, 1):.2f} s a step, {pct(tail_s / max(gen_s, 1e-9))} of generation, batch "
+        f"{pct(fill)} full) stops holding the step: generation stops there and the unfinished sequences continue in "
+        "the next step's decode batch beside its new prompts, on the new weights; every sample is still trained "
+        "once, within rollout.tail.max_staleness versions",
+    )
 
 
 def _per_step(run: RunData, metric: str) -> list[tuple[float, float]]:
@@ -97,8 +109,16 @@ def generation_long_tail(run: RunData) -> Finding:
     if f.status != FOUND:
         return f
     mode = run.cfg("trainer.mode")
-    if mode == "sync":
-        f.changes = [ONE_STEP_OFF]
+    if mode == "sync" and run.cfg(TAIL_ENABLE):
+        carried = run.mean("tail/num_carried")
+        f.notes.append(
+            f"the tail is carried over already ({carried or 0:.0f} sequences a step on average): a higher "
+            "rollout.tail.min_running_frac stops sooner; a higher rollout.tail.max_staleness carries further"
+        )
+    elif mode == "sync":
+        # The carry-over runs on one rank so far (trainer/checks.py).
+        f.changes = [carry_over(tail_s, gen_s, fill, len(pairs))] if run.num_gpus == 1 else []
+        f.changes.append(ONE_STEP_OFF)
         if run.num_gpus >= 2:  # async pays off with GPUs of its own; on a shared one it was no faster than sync
             f.changes.append(ASYNC)
         split = colocated_split_change(run, tail_s * (1 - fill))

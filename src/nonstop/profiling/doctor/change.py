@@ -20,6 +20,7 @@ RECOMMENDED_KEYS = frozenset(
         "actor_rollout_ref.rollout.max_num_seqs",
         "actor_rollout_ref.rollout.enforce_eager",
         "actor_rollout_ref.rollout.gpu_memory_utilization",
+        "actor_rollout_ref.rollout.tail.enable",
         "actor_rollout_ref.actor.use_dynamic_bsz",
         "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
         "actor_rollout_ref.actor.use_prefix_grouper",

@@ -21,7 +21,10 @@ LATENCY_BOUND = (
     "latency-bound: a decode step costs about the same at 8 sequences as at 256 (each reads the weights once, "
     "whatever the batch), so a small batch leaves the device idle between short kernels"
 )
-FUTURE_CURES = "speculative decoding and carrying unfinished sequences into the next step would too (not yet options)"
+FUTURE_CURES = (
+    "speculative decoding (rollout.speculative.method=suffix) and carrying unfinished sequences into the next step "
+    "(rollout.tail.enable, trainer.mode=sync or one_step_off) would too"
+)
 
 
 @dataclass(frozen=True)

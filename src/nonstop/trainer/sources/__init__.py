@@ -1,6 +1,7 @@
 """Where a step's samples come from (base.py's `SampleSource`), one implementation per `trainer.mode` /
-`trainer.placement`: colocated generation (sync), the overlapped rollouter (one_step_off, async), the remote rollout
-ranks (split placement; rollout_rank.py is their side)."""
+`trainer.placement`: colocated generation (sync; carry.py with `rollout.tail.enable`, which carries unfinished
+responses into the next step), the overlapped rollouter (one_step_off, async), the remote rollout ranks (split
+placement; rollout_rank.py is their side)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from nonstop.dist.placement import SplitPlacement
 from nonstop.trainer.actor import Actor
 from nonstop.trainer.scores import Scorer
 from nonstop.trainer.sources.base import SampleSource
+from nonstop.trainer.sources.carry import CarrySource
 from nonstop.trainer.sources.colocated import ColocatedSource
 from nonstop.trainer.sources.generation import EngineGeneration
 from nonstop.trainer.sources.overlapped import OverlappedSource
@@ -38,5 +40,7 @@ def make_source(
         return RemoteSource(config, actor, scorer, train_loader, placement, wire_dtype)
     assert generation is not None, "colocated placement generates on this rank's engine"
     if config.trainer.mode == "sync":
+        if config.actor_rollout_ref.rollout.tail.enable:
+            return CarrySource(config, generation, train_loader, total_steps)
         return ColocatedSource(config, generation, train_loader, dist)
     return OverlappedSource(config, generation, train_loader, total_steps)

@@ -8,7 +8,8 @@ holds a copy, refreshed by `copy_to_engine` and checked by the probe (`actor/syn
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 
@@ -150,33 +151,42 @@ class EngineGeneration:
                 diff_R = probe_diff(self.actor, probe, *probe_results(outputs))
                 probe_waits.append(lambda: diff_R)
 
-        if self.kv.enabled:
-            self.llm.resume()
-        release = self.kv.enabled and not self.kv.keeps()
-        self.model.eval()
         probe = probe if probe and not self.shares_weights else []
-        try:
-            if probe and self.llm.max_num_seqs - sum(p.n for p in seeded) < len(probe):
-                diff = self.probe(probe, step)  # riding along would queue the probe behind the rollout
-                probe = []
-            batch = generate_samples(
-                self.llm, prompts, seeded, submit,
-                extra_prompts=probe, extra_params=probe_params(self.llm, probe, seed=step), on_extras_done=score_probe,
-            )  # fmt: skip
-        finally:
-            diffs, probe_error = [], None
-            try:  # no probe thread outlives the rollout, even a failed one
-                diffs = [wait() for wait in probe_waits]
-            except Exception as e:  # raised below, after the release, unless the rollout's own error is
-                probe_error = e
-            if release:
-                self.llm.release()
-            self.kv.resident_in_training = not release
+        diffs, probe_error = [], None
+        with self.engine_turn():
+            try:
+                if probe and self.llm.max_num_seqs - sum(p.n for p in seeded) < len(probe):
+                    diff = self.probe(probe, step)  # riding along would queue the probe behind the rollout
+                    probe = []
+                batch = generate_samples(
+                    self.llm, prompts, seeded, submit, extra_prompts=probe,
+                    extra_params=probe_params(self.llm, probe, seed=step), on_extras_done=score_probe,
+                )  # fmt: skip
+            finally:
+                try:  # no probe thread outlives the rollout, even a failed one
+                    diffs = [wait() for wait in probe_waits]
+                except Exception as e:  # raised below, after the release, unless the rollout's own error is
+                    probe_error = e
         if probe_error is not None:
             raise probe_error
         if probe:  # the trainer's half ran on the weights the probe's tokens were sampled with (no update since)
             diff = diffs[0].mean().item()
         return batch, diff
+
+    @contextmanager
+    def engine_turn(self) -> Iterator[None]:
+        """The engine is the caller's to generate on: its KV cache allocated, and released after per the KV policy
+        (no request may be left in it then: abort what is to be continued later)."""
+        if self.kv.enabled:
+            self.llm.resume()
+        release = self.kv.enabled and not self.kv.keeps()
+        self.model.eval()
+        try:
+            yield
+        finally:
+            if release:
+                self.llm.release()
+            self.kv.resident_in_training = not release
 
     def probe(self, prompts: list[list[int]], step: int) -> float:
         """Mean |engine − trainer| log-prob of the probe tokens, as a generate call of its own (sync_probe.py)."""

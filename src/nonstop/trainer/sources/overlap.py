@@ -13,7 +13,8 @@ from nonstop.data import TokenizedPrompt
 from nonstop.rollout import LLM
 from nonstop.trainer.sampling import Sampling
 from nonstop.trainer.scores import Scorer, train_prefix
-from nonstop.trainer.sources.rollouter import Group, Rollouter
+from nonstop.trainer.sources.groups import Group
+from nonstop.trainer.sources.rollouter import Rollouter
 
 
 def overlap_policy(config: NonstopConfig) -> tuple[int, bool]:
@@ -45,6 +46,7 @@ def start_rollouter(
     finished group submitted to `scorer` under its step's `train_prefix`, from policy version `version` on."""
     max_staleness, partial_rollout = overlap_policy(config)
     n = sampling.train.n
+    tail = config.actor_rollout_ref.rollout.tail
 
     def submit(group: Group) -> None:
         step, index = divmod(group.index, batch_size)
@@ -62,6 +64,7 @@ def start_rollouter(
         version=version,
         loader_state=loader_state,
         stream_priority=STREAM_PRIORITIES[config.async_training.rollout_stream_priority],
+        tail_frac=tail.min_running_frac if tail.enable and config.trainer.mode == "one_step_off" else None,
     )
     rollouter.start()
     return rollouter
@@ -79,6 +82,7 @@ def group_samples(group: Group) -> list[Sample]:
             data_source=row.data_source,
             ground_truth=row.ground_truth,
             extra_info=dict(row.extra_info),
+            raw_prompt=list(row.prompt),
             token_policy_versions=list(group.versions[i]),
         )
         for i in range(len(group.token_ids))
@@ -89,13 +93,16 @@ def block_batch(groups: list[Group], max_response_length: int) -> RolloutBatch:
     return RolloutBatch([s for g in groups for s in group_samples(g)], max_response_length)
 
 
-def staleness_metrics(batch: RolloutBatch, version: int, max_staleness: int) -> dict[str, float]:
-    """Per sample: `version` (the weights being trained) minus the oldest version that sampled one of its tokens."""
+def staleness_metrics(
+    batch: RolloutBatch, version: int, max_staleness: int, prefix: str = "async/staleness"
+) -> dict[str, float]:
+    """Per sample: `version` (the weights being trained) minus the oldest version that sampled one of its tokens;
+    their mean, max and histogram (`frac_k`, k up to the bound)."""
     lags = [version - min(s.token_policy_versions, default=version) for s in batch.samples]
     metrics = {
-        "async/staleness/mean": sum(lags) / len(lags),
-        "async/staleness/max": float(max(lags)),
+        f"{prefix}/mean": sum(lags) / len(lags),
+        f"{prefix}/max": float(max(lags)),
     }
     for k in range(max_staleness + 1):
-        metrics[f"async/staleness/frac_{k}"] = sum(lag == k for lag in lags) / len(lags)
+        metrics[f"{prefix}/frac_{k}"] = sum(lag == k for lag in lags) / len(lags)
     return metrics

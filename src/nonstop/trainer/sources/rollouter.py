@@ -12,37 +12,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field, replace
 
 import torch
 
 from nonstop.data import TokenizedPrompt
 from nonstop.rollout import LLM, SamplingParams
-from nonstop.rollout.outputs import RequestOutput
-from nonstop.rollout.sequence import FinishReason
+from nonstop.trainer.sources.batch_fill import BatchFill
+from nonstop.trainer.sources.groups import Group, GroupRequests
 
 
-@dataclass
-class Group:
-    """One prompt's n samples, as they are generated across pauses and weight versions."""
-
-    index: int  # admission order
-    prompt: TokenizedPrompt
-    params: SamplingParams  # seeded
-    admitted_version: int
-    token_ids: list[list[int]]
-    logprobs: list[list[float]]
-    versions: list[list[int]]  # per sample, per token: the policy version that sampled it
-    finish_reasons: list[str | None]
-    num_continued: int = 0  # pauses this group was re-queued after (keeps its request ids unique)
-    request_ids: set[str] = field(default_factory=set)  # its requests in the engine
-
-    @property
-    def done(self) -> bool:
-        return not self.request_ids and all(r is not None for r in self.finish_reasons)
-
-
-class Rollouter:
+class Rollouter(GroupRequests):
     def __init__(
         self,
         llm: LLM,
@@ -56,27 +35,29 @@ class Rollouter:
         version: int = 0,
         loader_state: Callable[[], dict | None] = lambda: None,
         stream_priority: int = 0,
+        tail_frac: float | None = None,
     ):
         """`next_prompts()` hands out one block of `batch_size` prompts; `params_for(g, prompt)` the seeded sampling
         params of group g; `on_group_done(group)` runs (on this thread) as each group finishes: reward scoring.
         `version`: the trainer's version at start (steps already taken); admission starts at group version·B.
-        `stream_priority`: of the CUDA stream the engine runs on (lower is higher, 0 the default)."""
-        self.llm = llm
-        self.next_prompts, self.params_for, self.on_group_done = next_prompts, params_for, on_group_done
+        `stream_priority`: of the CUDA stream the engine runs on (lower is higher, 0 the default).
+        `tail_frac` (without partial rollouts: `rollout.tail.min_running_frac` of one_step_off's carry-over): a weight
+        update waits for the in-flight requests only until fewer than this share of the peak decode batch since the
+        last update still runs, then pauses the rest and continues them on the new weights."""
+        super().__init__(llm, on_group_done, version)
+        self.next_prompts, self.params_for = next_prompts, params_for
         self.batch_size, self.total_groups = batch_size, total_groups
         self.max_staleness, self.partial_rollout = max_staleness, partial_rollout
         self.loader_state = loader_state
-        self.version = version
         self.next_group = version * batch_size
         self.block_prompts: list[TokenizedPrompt] = []
         self.loader_states: dict[int, dict | None] = {}  # block -> loader state before its prompts were drawn
-        self.groups: dict[int, Group] = {}  # admitted, not yet taken by the trainer
-        self.requests: dict[str, tuple[int, list[int]]] = {}  # engine request id -> (group, its sample indices)
-        self.to_continue: list[tuple[int, int]] = []  # (group, sample) aborted by a pause
         self.cond = threading.Condition()
         self.pause_requests, self.parked, self.draining, self.stopping = 0, False, False, False
         self.error: BaseException | None = None
-        self.num_paused = self.num_continued = 0
+        self.tail_frac = tail_frac
+        self.fill = BatchFill(llm.max_num_seqs, tail_frac or 0.0)  # since the last weight update
+        self.num_carried = 0  # sequences the last update paused at the tail
         self.idle_s, self.window_start = 0.0, time.perf_counter()
         self.stats = llm.stats_window()  # the engine's `rollout/*` since the last `pop_metrics`
         device = self._device()
@@ -114,6 +95,8 @@ class Rollouter:
                     "async/in_flight_groups": float(sum(not g.done for g in self.groups.values())),
                 }
             )
+            if self.tail_frac is not None:
+                metrics["tail/num_carried"] = float(self.num_carried)
             self.num_paused = self.num_continued = 0
             self.idle_s, self.window_start = 0.0, now
             return metrics
@@ -133,14 +116,14 @@ class Rollouter:
             self._wait(lambda: self.parked or not self.thread.is_alive())
             if self.stream is not None:
                 torch.cuda.current_stream().wait_stream(self.stream)
-            self._abort_all()
+            self.abort_all()
         try:
             yield
         finally:
             with self.cond:
                 if self.stream is not None:
                     self.stream.wait_stream(torch.cuda.current_stream())
-                self._continue_all()
+                self.continue_all()
                 self.pause_requests -= 1
                 self.cond.notify_all()
 
@@ -151,12 +134,15 @@ class Rollouter:
             with self.cond:
                 self.draining = True
                 self.cond.notify_all()
-                self._wait(lambda: not self.requests)
+                self._wait(lambda: not self.requests or (self.tail_frac is not None and self.fill.in_tail))
+        paused_before = self.num_paused
         with self.paused():
             copy_weights()
             with self.cond:
                 self.version += 1
                 self.draining = False
+                self.num_carried = self.num_paused - paused_before
+                self.fill = BatchFill(self.llm.max_num_seqs, self.tail_frac or 0.0)
             after()
 
     def stop(self) -> None:
@@ -185,7 +171,8 @@ class Rollouter:
                     if outputs:
                         with self.cond:
                             for output in outputs:
-                                self._record(output)
+                                self.record(output)
+                            self.fill.observe(self.num_in_engine())
                             self.cond.notify_all()
         except BaseException as error:
             with self.cond:
@@ -230,79 +217,6 @@ class Rollouter:
                 if len(self.block_prompts) != self.batch_size:
                     raise RuntimeError(f"the loader gave {len(self.block_prompts)} prompts, not {self.batch_size}")
             prompt = self.block_prompts[g % self.batch_size]
-            params = self.params_for(g, prompt)
-            n = params.n
-            group = Group(
-                g,
-                prompt,
-                params,
-                self.version,
-                [[] for _ in range(n)],
-                [[] for _ in range(n)],
-                [[] for _ in range(n)],
-                [None] * n,
-            )
-            self.groups[g] = group
-            self._add(group, list(range(n)), f"g{g}", params)
+            self.admit(Group.new(g, prompt, self.params_for(g, prompt), self.version))
             self.next_group += 1
-
-    def _add(self, group: Group, samples: list[int], request_id: str, params: SamplingParams) -> None:
-        continued = len(samples) == 1 and params.n == 1
-        i = samples[0]
-        self.llm.add_request(
-            request_id,
-            list(group.prompt.prompt_token_ids),
-            params,
-            output_token_ids=group.token_ids[i] if continued else None,
-            output_logprobs=group.logprobs[i] if continued else None,
-            sample_index=i if continued else 0,
-        )
-        group.request_ids.add(request_id)
-        self.requests[request_id] = (group.index, samples)
-
-    def _record(self, output: RequestOutput) -> None:
-        """Take a finished or aborted request's tokens; tokens past what was recorded came from this version."""
-        g, samples = self.requests.pop(output.request_id)
-        group = self.groups[g]
-        group.request_ids.discard(output.request_id)
-        for i, completion in zip(samples, sorted(output.outputs, key=lambda c: c.index), strict=True):
-            new = len(completion.token_ids) - len(group.token_ids[i])
-            assert new >= 0, "a continued sequence lost tokens"
-            group.versions[i] += [self.version] * new
-            group.token_ids[i] = list(completion.token_ids)
-            group.logprobs[i] = list(completion.logprobs)
-            if completion.finish_reason == FinishReason.ABORT:
-                self.to_continue.append((g, i))
-            else:
-                group.finish_reasons[i] = completion.finish_reason
-        if group.done:
-            self.on_group_done(group)
-
-    def _abort_all(self) -> None:
-        ids = list(self.requests)
-        if not ids:
-            return
-        for output in self.llm.abort(ids):
-            self._record(output)
-        self.num_paused += len(self.to_continue)
-
-    def _continue_all(self) -> None:
-        """Re-queue what the pause aborted, oldest group first (the engine queues in arrival order), so the block the
-        trainer waits for is generated ahead of the blocks admitted after it. (The engine returns aborted requests
-        sorted by request-id *string*, where "g10" precedes "g2": continued in that order, later blocks overtook the
-        one the trainer waited for.) A group aborted before any of its samples had a token goes back as its original
-        n-sample request, so its prompt is still prefilled once; the others continue sample by sample."""
-        by_group: dict[int, list[int]] = {}
-        for g, i in sorted(self.to_continue):
-            by_group.setdefault(g, []).append(i)
-        for g, samples in by_group.items():
-            group = self.groups[g]
-            group.num_continued += 1
-            if len(samples) == group.params.n and not any(group.token_ids[i] for i in samples):
-                self._add(group, samples, f"g{g}-r{group.num_continued}", group.params)
-                continue
-            params = replace(group.params, n=1)
-            for i in samples:
-                self._add(group, [i], f"g{g}-s{i}-c{group.num_continued}", params)
-        self.num_continued += len(self.to_continue)
-        self.to_continue = []
+        self.fill.observe(self.num_in_engine())
