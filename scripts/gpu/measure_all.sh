@@ -12,6 +12,7 @@
 #            and the A/B still runs on both trees
 #   rollout_tests  `pytest -m gpu tests/rollout` alone (engine, cascade, whole-launch graphs, KV sizing and cap)
 #   retest   GPU tests not yet run alone (engine, async, cascade engine, critic prefix grouping, critic, resume)
+#   carry_0.5b, carry_1.5b  plain sync against sync + carry-over (`rollout.tail.enable`) on long-tailed responses
 #   trainer_ab  the trainer bench's nonstop side on BASE_SRC and on the tree, base / tree / base / tree
 #   trainer  GRPO step vs TRL 1.16 (issue 4), plus nonstop with k = 1 and with the KV cache resident in the same run
 #   trainer_profile  nonstop's side alone (resident KV, k = 8), step 5 under the torch profiler: the profile summary
@@ -42,7 +43,8 @@ for step in ${STEPS:-tests rollout}; do case $step in
       tests/kernels/test_reshape_and_cache.py &
     gpu_test t_models 300 tests/kernels/test_sampling_triton.py tests/models &
     gpu_test t_trainer 300 tests/trainer/test_trainer_gpu.py tests/trainer/test_actor.py \
-      tests/trainer/test_critic_prefix_grouping.py tests/trainer/test_actor_oom.py tests/batching &
+      tests/trainer/test_critic_prefix_grouping.py tests/trainer/test_actor_oom.py tests/trainer/test_carry_gpu.py \
+      tests/batching &
     gpu_test t_lora 240 tests/trainer/test_lora_trainer_gpu.py &
     gpu_test t_async 240 tests/trainer/test_async_trainer_gpu.py &
     gpu_test t_reward 120 tests/rewards/test_reward_model.py &
@@ -83,6 +85,14 @@ for step in ${STEPS:-tests rollout}; do case $step in
       t b_trainer_tree$round 150 python3 -m nonstop bench trainer --sides nonstop --steps 10 \
         --out "$OUT/trainer-tree$round.json"
     done ;;
+  carry_0.5b|carry_1.5b)  # issue 24: plain sync against sync + carry-over on long-tailed responses, trained tokens/s
+    shape=qwen2.5-${step#carry_}; steps=6; [ "$shape" = qwen2.5-1.5b ] && steps=4
+    t "b_$step" 240 python3 -m nonstop bench trainer --shape "$shape" --sides nonstop --prompts 32 --n 8 \
+      --prompt-len 128 --response-lengths longtail --response-len 1024 --warmup 2 --steps "$steps" \
+      --override actor_rollout_ref.actor.use_dynamic_bsz=True actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384 \
+      actor_rollout_ref.actor.use_prefix_grouper=False \
+      --variant carry actor_rollout_ref.rollout.tail.enable=True algorithm.rollout_correction.rollout_is=token \
+      --out "$OUT/$step.json" ;;
   trainer) runs=$((${runs:-0} + 1))  # STEPS="trainer trainer": each run its own log and JSON
     t b_trainer$runs 240 python3 -m nonstop bench trainer \
     --variant k1 actor_rollout_ref.rollout.num_scheduler_steps=1 \
