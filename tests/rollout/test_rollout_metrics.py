@@ -7,7 +7,7 @@ from rollout_helpers import make_pair
 
 from nonstop.rollout import LLM, SamplingParams
 from nonstop.rollout.metrics import StepLogEntry, rollout_metrics
-from nonstop.rollout.scheduler import SchedulerStats
+from nonstop.rollout.scheduled import SchedulerStats
 
 
 def test_tail_and_kv_fractions_by_hand():

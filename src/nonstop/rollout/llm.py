@@ -20,7 +20,7 @@ from nonstop.rollout.llm_engine import LLMEngine
 from nonstop.rollout.metrics import StatsWindow
 from nonstop.rollout.outputs import RequestOutput
 from nonstop.rollout.sampling_params import SamplingParams
-from nonstop.rollout.scheduler import SchedulerStats
+from nonstop.rollout.scheduled import SchedulerStats
 
 KV_CACHE_TAG = "kv_cache"
 

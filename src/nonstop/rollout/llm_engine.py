@@ -21,7 +21,8 @@ from nonstop.rollout.metrics import StatsWindow, StepLogEntry
 from nonstop.rollout.model_runner import ModelRunner
 from nonstop.rollout.outputs import CompletionOutput, RequestOutput
 from nonstop.rollout.sampling_params import SamplingParams
-from nonstop.rollout.scheduler import SampledRows, Scheduler, SchedulerStats
+from nonstop.rollout.scheduled import SampledRows, SchedulerStats
+from nonstop.rollout.scheduler import Scheduler
 from nonstop.rollout.sequence import FinishReason, Sequence
 from nonstop.rollout.spec import Speculator
 from nonstop.rollout.step_buffers import SampledStep

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nonstop.config.rollout import SpeculativeConfig
-from nonstop.rollout.scheduler import SchedulerStats
+from nonstop.rollout.scheduled import SchedulerStats
 
 TAIL_FRACTION = 0.25  # a step is in the tail when it runs fewer than this share of the call's peak sequences
 # A step this small or smaller is weight-read bound: the speculative config's default `disable_by_batch_size`.

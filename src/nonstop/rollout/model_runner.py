@@ -27,7 +27,7 @@ from nonstop.rollout.engine_args import EngineArgs
 from nonstop.rollout.kv_cache import default_num_blocks, kv_block_bytes
 from nonstop.rollout.paged_attention import AttentionMetadata, PagedAttention
 from nonstop.rollout.sampler import SamplingTensors, sample
-from nonstop.rollout.scheduler import ScheduledBatch
+from nonstop.rollout.scheduled import ScheduledBatch
 from nonstop.rollout.step_buffers import SampledBuffers, SampledStep, SequenceRows, StepBuffers, VerifyBuffers
 from nonstop.rollout.step_plan import LaunchShape, StepPlan, StepPlanner
 from nonstop.rollout.verify_plan import VerifyPlanner, verify_capacity

@@ -15,7 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from nonstop.rollout.cascade import plan_cascade, use_cascade
-from nonstop.rollout.scheduler import ScheduledBatch
+from nonstop.rollout.scheduled import ScheduledBatch
 from nonstop.rollout.step_buffers import SequenceRows, StepBuffers
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nonstop.rollout.scheduler import ScheduledBatch
+from nonstop.rollout.scheduled import ScheduledBatch
 from nonstop.rollout.step_buffers import SequenceRows, VerifyBuffers
 from nonstop.rollout.step_plan import LaunchShape
 

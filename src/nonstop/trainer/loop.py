@@ -33,14 +33,14 @@ from nonstop.rewards import RewardPool
 from nonstop.rewards.reward_model import RewardModel
 from nonstop.rollout import LLM
 from nonstop.trainer.actor import Actor, log_prob_micro_batching
-from nonstop.trainer.checkpoint import checkpoint_root, latest_checkpoint
+from nonstop.trainer.checkpoint import checkpoint_root
 from nonstop.trainer.checks import check_supported
 from nonstop.trainer.critic import build_critic, value_metrics
 from nonstop.trainer.dumps import dump_generations
 from nonstop.trainer.loggers import build_sinks
 from nonstop.trainer.metrics import MetricsLog, data_metrics, timed_step_metrics
 from nonstop.trainer.plots import plot_curves
-from nonstop.trainer.run_state import resume_run, save_run
+from nonstop.trainer.run_state import check_nonfinite, freeze_heap, interrupted_line, resume_run, save_run
 from nonstop.trainer.sampling import RequestParams, Sampling
 from nonstop.trainer.scores import Scorer
 from nonstop.trainer.sources import make_source
@@ -151,12 +151,12 @@ class Trainer:
                 metrics = self.step(step)
                 self.log.write(step, metrics)
                 history.append(metrics)
-                self._check_nonfinite(step, metrics)
+                check_nonfinite(self, step, metrics)
         except KeyboardInterrupt:
             self.log.close()  # the progress bar ends before the line
             if self.rank_zero:
                 plot_curves(self.run_dir)
-                print(self._interrupted(step), flush=True)
+                print(interrupted_line(self, step), flush=True)
             raise
         finally:
             self.source.close()
@@ -165,11 +165,6 @@ class Trainer:
         if self.rank_zero:
             plot_curves(self.run_dir)
         return history
-
-    def _interrupted(self, step: int) -> str:
-        latest = latest_checkpoint(self.ckpt_root) if self.ckpt_root.exists() else None
-        resume = f"the same command resumes from {latest}" if latest else "no checkpoint was written yet"
-        return f"interrupted in step {step}: the finished steps' metrics are in {self.log.path}; {resume}"
 
     def step(self, step: int) -> dict[str, float]:
         """One training step, with the validation and checkpoint that fall on it (inside `timing_s/step`, as in
@@ -302,22 +297,3 @@ class Trainer:
         if self.heap_frozen:  # the frozen objects (this trainer's among them) become collectable again
             gc.unfreeze()
             self.heap_frozen = False
-
-    def _check_nonfinite(self, step: int, metrics: dict[str, float]) -> None:
-        limit = self.config.trainer.max_nonfinite_steps
-        if limit and self.nonfinite_streak >= limit:
-            latest = latest_checkpoint(self.ckpt_root) if self.ckpt_root.exists() else None
-            raise RuntimeError(
-                f"step {step}: {self.nonfinite_streak} steps in a row had a NaN/inf loss or gradient "
-                f"(actor/grad_norm={metrics.get('actor/grad_norm')}); their updates were skipped and the run stops "
-                f"(trainer.max_nonfinite_steps={limit}). Latest checkpoint: {latest or 'none'}"
-            )
-
-
-def freeze_heap() -> None:
-    """Move every object alive after the first step (modules, the model, the engine, its compiled kernels and graphs)
-    out of the garbage collector's reach, as vLLM and SGLang do after start-up: Python's full collections otherwise
-    scan them all on the host's critical path between generation and the update (docs/dev-log.md). Objects created
-    later are collected as usual."""
-    gc.collect()
-    gc.freeze()

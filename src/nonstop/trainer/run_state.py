@@ -4,6 +4,7 @@ the sample source's own state) beside the tensors checkpoint.py writes, and how 
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -81,3 +82,31 @@ def resume_run(trainer: Trainer) -> int | None:
     if trainer.rank_zero:
         print(f"resumed from {path} (step {state.step})", flush=True)
     return state.step
+
+
+def interrupted_line(trainer: Trainer, step: int) -> str:
+    """What Ctrl-C prints: where the run stopped, where its metrics are, and what resumes it."""
+    latest = latest_checkpoint(trainer.ckpt_root) if trainer.ckpt_root.exists() else None
+    resume = f"the same command resumes from {latest}" if latest else "no checkpoint was written yet"
+    return f"interrupted in step {step}: the finished steps' metrics are in {trainer.log.path}; {resume}"
+
+
+def check_nonfinite(trainer: Trainer, step: int, metrics: dict[str, float]) -> None:
+    """Stop the run after `trainer.max_nonfinite_steps` steps in a row whose updates were skipped for NaN/inf."""
+    limit = trainer.config.trainer.max_nonfinite_steps
+    if limit and trainer.nonfinite_streak >= limit:
+        latest = latest_checkpoint(trainer.ckpt_root) if trainer.ckpt_root.exists() else None
+        raise RuntimeError(
+            f"step {step}: {trainer.nonfinite_streak} steps in a row had a NaN/inf loss or gradient "
+            f"(actor/grad_norm={metrics.get('actor/grad_norm')}); their updates were skipped and the run stops "
+            f"(trainer.max_nonfinite_steps={limit}). Latest checkpoint: {latest or 'none'}"
+        )
+
+
+def freeze_heap() -> None:
+    """Move every object alive after the first step (modules, the model, the engine, its compiled kernels and graphs)
+    out of the garbage collector's reach, as vLLM and SGLang do after start-up: Python's full collections otherwise
+    scan them all on the host's critical path between generation and the update (docs/dev-log.md). Objects created
+    later are collected as usual."""
+    gc.collect()
+    gc.freeze()
