@@ -230,6 +230,31 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def paged_shapes(q: Tensor, k_cache_PBKE: Tensor, v_cache_PBKE: Tensor, block_tables_NM: Tensor):
+    """(H, E, B, K, M) of a paged attention launch over queries `q` [tokens, H, E], after checking the layout the
+    kernels assume: whole GQA groups, power-of-two head dim and block size, unit inner strides, one dtype."""
+    _, H, E = q.shape
+    _, B, K, _ = k_cache_PBKE.shape
+    M = block_tables_NM.shape[1]
+    assert H % K == 0, f"{H} query heads are not a multiple of {K} kv heads"
+    assert E >= 16 and E & (E - 1) == 0, f"head dim {E} must be a power of two >= 16"
+    assert B & (B - 1) == 0, f"block size {B} must be a power of two"
+    assert q.stride(2) == 1 and k_cache_PBKE.stride(3) == 1 and v_cache_PBKE.stride(3) == 1
+    assert block_tables_NM.stride(1) == 1
+    assert q.dtype == k_cache_PBKE.dtype == v_cache_PBKE.dtype, "q and the KV cache must share a dtype"
+    return H, E, B, K, M
+
+
+def split_partials(out: Tensor, num_splits: int) -> tuple[Tensor, Tensor]:
+    """A split-KV launch's fp32 partial outputs [tokens, H, S, E] and log-sum-exps [tokens, H, S] for `merge_partials`;
+    unsplit, `out` stands in for both (the single-split path never touches them)."""
+    if num_splits == 1:
+        return out, out
+    T, H, E = out.shape
+    o_part = torch.empty(T, H, num_splits, E, dtype=torch.float32, device=out.device)
+    return o_part, torch.empty(T, H, num_splits, dtype=torch.float32, device=out.device)
+
+
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_tokens: int, sm_count: int) -> int:
     """Splits per sequence, from shapes only: fill the GPU at small batch, one split (no reduce launch) once the
     batch fills it, or half fills it with short sequences. A CUDA graph captures one batch-size bucket, so its split
@@ -269,15 +294,9 @@ def paged_decode_attention_triton(
     tile_n: int | None = None,
 ) -> Tensor:
     """Same contract as `paged_decode_attention`; the keyword arguments are launch overrides for benchmarks."""
-    N, H, E = q_NHE.shape
-    _, B, K, _ = k_cache_PBKE.shape
-    M = block_tables_NM.shape[1]
-    assert H % K == 0, f"{H} query heads are not a multiple of {K} kv heads"
-    assert E >= 16 and E & (E - 1) == 0, f"head dim {E} must be a power of two >= 16"
-    assert B & (B - 1) == 0, f"block size {B} must be a power of two"
-    assert q_NHE.stride(2) == 1 and k_cache_PBKE.stride(3) == 1 and v_cache_PBKE.stride(3) == 1
-    assert block_tables_NM.stride(1) == 1 and context_lens_N.is_contiguous()
-    assert q_NHE.dtype == k_cache_PBKE.dtype == v_cache_PBKE.dtype, "q and the KV cache must share a dtype"
+    N = q_NHE.shape[0]
+    H, E, B, K, M = paged_shapes(q_NHE, k_cache_PBKE, v_cache_PBKE, block_tables_NM)
+    assert context_lens_N.is_contiguous()
     G = H // K
     G_PAD = max(16, next_power_of_2(G))
     TILE_N = tile_n or _tile_tokens(E)
@@ -287,11 +306,7 @@ def paged_decode_attention_triton(
     o_NHE = torch.empty_like(q_NHE)
     if N == 0:
         return o_NHE
-    if num_splits > 1:
-        o_part = torch.empty(N, H, num_splits, E, dtype=torch.float32, device=q_NHE.device)
-        lse_part = torch.empty(N, H, num_splits, dtype=torch.float32, device=q_NHE.device)
-    else:
-        o_part = lse_part = o_NHE  # never touched by the single-split path
+    o_part, lse_part = split_partials(o_NHE, num_splits)
     _paged_decode_split_kernel[(N, K, num_splits)](
         q_NHE,
         k_cache_PBKE,

@@ -28,7 +28,15 @@ from torch import Tensor
 from triton.language.extra.cuda import gdc_wait
 
 from nonstop.kernels.grid import next_power_of_2
-from nonstop.kernels.paged_decode_triton import _tile_tokens, attend_tiles, choose_num_splits, merge_partials, num_sms
+from nonstop.kernels.paged_decode_triton import (
+    _tile_tokens,
+    attend_tiles,
+    choose_num_splits,
+    merge_partials,
+    num_sms,
+    paged_shapes,
+    split_partials,
+)
 from nonstop.kernels.paged_verify import query_slots
 from nonstop.kernels.pdl import use_pdl
 
@@ -207,15 +215,9 @@ def paged_verify_attention_triton(
     """Same contract as `paged_verify_attention`; the keyword arguments are launch overrides for tests and benchmarks.
     Splits default to the paged decode kernel's choice for the same rows (the K/V traffic per program is the same)."""
     N, Q = query_slots(q_THE, context_lens_N, num_query_N)
-    T, H, E = q_THE.shape
-    _, B, K, _ = k_cache_PBKE.shape
-    M = block_tables_NM.shape[1]
-    assert H % K == 0, f"{H} query heads are not a multiple of {K} kv heads"
-    assert E >= 16 and E & (E - 1) == 0, f"head dim {E} must be a power of two >= 16"
-    assert B & (B - 1) == 0, f"block size {B} must be a power of two"
-    assert q_THE.stride(2) == 1 and k_cache_PBKE.stride(3) == 1 and v_cache_PBKE.stride(3) == 1
-    assert block_tables_NM.stride(1) == 1 and context_lens_N.is_contiguous() and num_query_N.is_contiguous()
-    assert q_THE.dtype == k_cache_PBKE.dtype == v_cache_PBKE.dtype, "q and the KV cache must share a dtype"
+    T = q_THE.shape[0]
+    H, E, B, K, M = paged_shapes(q_THE, k_cache_PBKE, v_cache_PBKE, block_tables_NM)
+    assert context_lens_N.is_contiguous() and num_query_N.is_contiguous()
     G = H // K
     ROWS = tile_rows(Q, G)
     TILE_N = tile_n or min(_tile_tokens(E), max(16, _SCORE_TILE_ELEMENTS // ROWS))
@@ -225,11 +227,7 @@ def paged_verify_attention_triton(
     o_THE = torch.empty_like(q_THE)
     if T == 0:
         return o_THE
-    if num_splits > 1:
-        o_part = torch.empty(T, H, num_splits, E, dtype=torch.float32, device=q_THE.device)
-        lse_part = torch.empty(T, H, num_splits, dtype=torch.float32, device=q_THE.device)
-    else:
-        o_part = lse_part = o_THE  # never touched by the single-split path
+    o_part, lse_part = split_partials(o_THE, num_splits)
     pdl = use_pdl(q_THE)
     _paged_verify_split_kernel[(N, K, num_splits)](
         q_THE,
