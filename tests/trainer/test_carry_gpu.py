@@ -17,6 +17,9 @@ def test_cuda_carry_over_trains_every_sample_once_and_learns(tmp_path, mode):
     steps = 10
     overrides = (f"trainer.total_training_steps={steps}", f"trainer.mode={mode}", *CARRY)
     overrides += ("actor_rollout_ref.rollout.gpu_memory_utilization=0.3",)  # one_step_off keeps both resident
+    # The tail is checked between engine launches: CUDA's default 8 decode steps a launch would finish these 2-8 token
+    # responses in one launch, leaving no tail to carry. One step a launch keeps the CPU tests' granularity.
+    overrides += ("actor_rollout_ref.rollout.num_scheduler_steps=1",)
     trainer = long_tailed(make_trainer(tmp_path / "run", overrides, device="cuda"))
     try:
         batches = _record_batches(trainer)
