@@ -59,7 +59,7 @@ class _Task:
 
 # Most samples handed to one worker in one message. Each sample still gets its own deadline, started when the worker
 # reports the one before it: a batch only saves the dispatcher's round trip per sample (a send, a wake-up and the
-# GIL), which with one worker made the last 64 samples of an H200 step wait ~10 ms.
+# GIL), which one worker otherwise pays for every sample of a step (docs/dev-log.md).
 MAX_BATCH = 16
 BATCHES_PER_SHARE = 4
 # The share of timeout_s after which a sample's worker is a suspect: its queue is taken back and a spare steps in.
