@@ -23,13 +23,6 @@ from nonstop.rollout.scheduled import SchedulerStats
 TAIL_FRACTION = 0.25  # a step is in the tail when it runs fewer than this share of the call's peak sequences
 # A step this small or smaller is weight-read bound: the speculative config's default `disable_by_batch_size`.
 SMALL_BATCH = SpeculativeConfig().disable_by_batch_size
-SMALL_BATCH_FRAC = "rollout/small_batch_frac"
-SPEC_ACCEPTANCE_RATE = "rollout/spec/acceptance_rate"
-SPEC_TOKENS_PER_VERIFY = "rollout/spec/tokens_per_verify"
-SPEC_NUM_VERIFY_STEPS = "rollout/spec/num_verify_steps"
-SPEC_NUM_PLAIN_STEPS = "rollout/spec/num_plain_steps"
-SPEC_VERIFY_TIME_S = "rollout/spec/verify_time_s"
-SPEC_PLAIN_TIME_S = "rollout/spec/plain_time_s"
 
 
 @dataclass
@@ -62,7 +55,9 @@ def rollout_metrics(stats: SchedulerStats, steps: list[StepLogEntry]) -> dict[st
     if tail_s > 0:
         metrics["rollout/tail_batch_fill"] = sum(s.wall_s * s.num_seqs / peak for s in tail) / tail_s
     metrics["rollout/kv_blocked_frac"] = sum(s.wall_s for s in steps if s.kv_blocked) / total
-    metrics[SMALL_BATCH_FRAC] = sum(s.wall_s for s in steps if s.decode and 0 < s.num_seqs <= SMALL_BATCH) / total
+    metrics["rollout/small_batch_frac"] = (
+        sum(s.wall_s for s in steps if s.decode and 0 < s.num_seqs <= SMALL_BATCH) / total
+    )
     metrics["rollout/peak_running_seqs"] = float(peak)
     return metrics
 
@@ -72,13 +67,13 @@ def spec_metrics(stats: SchedulerStats) -> dict[str, float]:
     return {
         "rollout/spec/num_draft_tokens": float(drafted),
         "rollout/spec/num_accepted_tokens": float(stats.num_accepted_tokens),
-        SPEC_ACCEPTANCE_RATE: stats.num_accepted_tokens / drafted if drafted else 0.0,
-        SPEC_TOKENS_PER_VERIFY: stats.num_verify_tokens / verify_seqs if verify_seqs else 0.0,
-        SPEC_NUM_VERIFY_STEPS: float(stats.num_verify_steps),
-        SPEC_NUM_PLAIN_STEPS: float(stats.num_spec_range_steps - stats.num_verify_steps),
+        "rollout/spec/acceptance_rate": stats.num_accepted_tokens / drafted if drafted else 0.0,
+        "rollout/spec/tokens_per_verify": stats.num_verify_tokens / verify_seqs if verify_seqs else 0.0,
+        "rollout/spec/num_verify_steps": float(stats.num_verify_steps),
+        "rollout/spec/num_plain_steps": float(stats.num_spec_range_steps - stats.num_verify_steps),
         "rollout/spec/verify_step_frac": stats.num_verify_steps / stats.num_spec_range_steps,
-        SPEC_VERIFY_TIME_S: stats.verify_time_s,
-        SPEC_PLAIN_TIME_S: stats.spec_plain_time_s,
+        "rollout/spec/verify_time_s": stats.verify_time_s,
+        "rollout/spec/plain_time_s": stats.spec_plain_time_s,
         "rollout/spec/draft_time_s": stats.draft_time_s,
     }
 

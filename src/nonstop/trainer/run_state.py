@@ -86,7 +86,7 @@ def resume_run(trainer: Trainer) -> int | None:
 
 def interrupted_line(trainer: Trainer, step: int) -> str:
     """What Ctrl-C prints: where the run stopped, where its metrics are, and what resumes it."""
-    latest = latest_checkpoint(trainer.ckpt_root) if trainer.ckpt_root.exists() else None
+    latest = latest_checkpoint(trainer.ckpt_root)  # None without a checkpoint
     resume = f"the same command resumes from {latest}" if latest else "no checkpoint was written yet"
     return f"interrupted in step {step}: the finished steps' metrics are in {trainer.log.path}; {resume}"
 
@@ -95,7 +95,7 @@ def check_nonfinite(trainer: Trainer, step: int, metrics: dict[str, float]) -> N
     """Stop the run after `trainer.max_nonfinite_steps` steps in a row whose updates were skipped for NaN/inf."""
     limit = trainer.config.trainer.max_nonfinite_steps
     if limit and trainer.nonfinite_streak >= limit:
-        latest = latest_checkpoint(trainer.ckpt_root) if trainer.ckpt_root.exists() else None
+        latest = latest_checkpoint(trainer.ckpt_root)  # None without a checkpoint
         raise RuntimeError(
             f"step {step}: {trainer.nonfinite_streak} steps in a row had a NaN/inf loss or gradient "
             f"(actor/grad_norm={metrics.get('actor/grad_norm')}); their updates were skipped and the run stops "
