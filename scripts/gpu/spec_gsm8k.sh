@@ -8,8 +8,8 @@
 #   (c) a short GRPO run on GSM8K (a lower-entropy checkpoint, as a policy mid-run) and `bench spec` on it at T 1.0
 #   (d) sync GRPO steps from that checkpoint without and with speculation: timing_s/gen and timing_s/step
 # $OUT gets summary.txt, bench_untrained.json, bench_trained.json, grpo_ab.json and logs.tgz (every log).
-# STEPS (GRPO steps of (c), default 15), LR (its learning rate, default 1e-5), AB_STEPS (steps per side of (d),
-# default 4) change the sizes.
+# SKIP_TESTS=1 skips (a). STEPS (GRPO steps of (c), default 15), LR (its learning rate, default 1e-5), AB_STEPS
+# (steps per side of (d), default 4) change the sizes.
 source "$(dirname "$0")/common.sh"
 MODEL=${1:-$HOME/SmolLM2-135M-Instruct.Q4_1.gguf}
 DATA=${2:-.data/gsm8k}
@@ -22,7 +22,7 @@ TRAIN=(python3 -m nonstop train examples/gsm8k_smollm2.yaml data.train_files=/tm
        data.val_files=/tmp/gsm8k/test.parquet trainer.val_before_train=False trainer.test_freq=-1
        trainer.logger=[console])
 
-gpu_test tests 150 tests/rollout/test_spec_gpu.py $(ls tests/kernels/test_paged_verify*.py 2>/dev/null)
+[ -n "${SKIP_TESTS:-}" ] || gpu_test tests 150 tests/rollout/test_spec_gpu.py $(ls tests/kernels/test_paged_verify*.py 2>/dev/null)
 
 t bench_untrained 180 python3 -m nonstop bench spec --model "$MODEL" --data "$DATA/train.jsonl" \
   --temperatures 0.6,1.0 --prompts 1,8,32 --repeats 2 --out "$OUT/bench_untrained.json"
