@@ -85,6 +85,19 @@ def test_mini_batches_keep_groups_whole_and_need_old_log_probs():
         actor.update(batch, torch.zeros(batch.response_mask().shape))
 
 
+def test_a_batch_of_another_size_keeps_the_configured_number_of_mini_batches():
+    # The carry-over trains the groups that finished: 5 or 7 where 6 prompts were drawn (ppo_mini_batch_size 6: one
+    # optimizer step). Nearest count of mini-batches, whole groups spread evenly; no small trailing one.
+    actor = Actor(tiny_model(), actor_config("actor_rollout_ref.actor.ppo_mini_batch_size=6"), 4, 10, 1.0)
+    for prompts, sizes in ((5, [20]), (7, [28]), (6, [24]), (9, [20, 16]), (12, [24, 24]), (13, [28, 24])):
+        batch = random_batch(seed=prompts, prompts=prompts, n=4)
+        minis = actor.mini_batches(batch)
+        assert [len(m) for m in minis] == sizes, prompts
+        assert sum(minis, []) == list(range(len(batch)))
+        assert all(len({batch.uids[i] for i in m}) == len(m) // 4 for m in minis)
+        assert actor.needs_old_log_prob(batch) == (len(sizes) > 1)
+
+
 def test_prompt_seeds_are_distinct_and_stable():
     seeds = {prompt_seed(base, step, i) for base in (0, 1) for step in range(50) for i in range(64)}
     assert len(seeds) == 2 * 50 * 64

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from itertools import pairwise
 
 import torch
 from torch import Tensor
@@ -59,8 +60,17 @@ class MicroBatching:
 
 
 def mini_batches(batch: RolloutBatch, size: int) -> list[list[int]]:
-    """Contiguous runs of `size` samples (`ppo_mini_batch_size` prompts × n; the last may be shorter)."""
-    return [list(range(s, min(s + size, len(batch)))) for s in range(0, len(batch), size)]
+    """Contiguous runs of whole prompt groups, about `size` samples each (`ppo_mini_batch_size` prompts × n): as many
+    runs as `size` fits the batch, rounded to the nearest count (at least one), the groups spread evenly over them. A
+    batch of the configured size splits exactly; a batch of another size (the carry-over trains the groups that
+    finished, a few more or fewer than the prompts drawn) keeps the configured number of optimizer steps instead of
+    adding a small trailing one, which would also cost an old-log-prob pass."""
+    starts = [i for i, uid in enumerate(batch.uids) if i == 0 or uid != batch.uids[i - 1]] + [len(batch)]
+    num_groups = len(starts) - 1
+    count = max(1, min(num_groups, int(len(batch) / size + 0.5)))
+    per, extra = divmod(num_groups, count)
+    bounds = [starts[k * per + min(k, extra)] for k in range(count + 1)]
+    return [list(range(a, b)) for a, b in pairwise(bounds)]
 
 
 def rank_mini_batch_size(ppo_mini_batch_size: int, rollout_n: int) -> int:
