@@ -99,6 +99,11 @@ def prepare_model(source: str | None, out_dir: Path) -> Path:
     if (out_dir / "config.json").is_file() and (out_dir / "tokenizer_config.json").is_file():
         return out_dir
     model, tokenizer = load_model(source, torch.float32, "cpu")
+    # TRL stops at the tokenizer's EOS as well as the generation config's: both name the model's first EOS, whatever
+    # the tokenizer object said (transformers versions differ in what a converted tokenizer reports).
+    eos = model.config.eos_token_ids
+    if eos and tokenizer.eos_token_id != eos[0]:
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos[0])
     return save_hf(model, out_dir, tokenizer=tokenizer, dtype=torch.float32)
 
 
@@ -131,7 +136,8 @@ def identity(model_dir: Path, rows: list[PromptRow]) -> dict[str, Any]:
     ids = tokenize_chats(tokenizer, conversations, {})
     trl_ids = tokenizer.apply_chat_template(conversations, add_generation_prompt=True, tokenize=True, return_dict=True)
     prompts_differing = sum(a != list(b) for a, b in zip(ids, trl_ids["input_ids"], strict=True))
-    trl_eos = trl_eos_token_ids(tokenizer, GenerationConfig.from_pretrained(model_dir).eos_token_id)
+    generation_eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
+    trl_eos = trl_eos_token_ids(tokenizer, generation_eos)
     first = torch.tensor(ids[0])
     with torch.no_grad():
         hidden = ours(first, packed_positions([len(first)], "cpu"), PackedAttention.from_lengths([len(first)], "cpu"))
@@ -143,6 +149,8 @@ def identity(model_dir: Path, rows: list[PromptRow]) -> dict[str, Any]:
         "prompts_differing": prompts_differing,
         "nonstop_stop_token_ids": ours.config.eos_token_ids,
         "trl_eos_token_ids": trl_eos,
+        "tokenizer_eos": [tokenizer.eos_token, tokenizer.eos_token_id],
+        "generation_config_eos": generation_eos,
         "first_prompt_logits_max_abs_diff": logits_diff,
     }
     if differing or prompts_differing or sorted(ours.config.eos_token_ids) != sorted(trl_eos):
