@@ -455,7 +455,7 @@ class RewardPool:
     # --- bookkeeping (under self._cond) ------------------------------------------------------------------------
 
     def _finish(self, task: _Task, result: RewardResult, usage: Usage | None = None) -> None:
-        """`usage`: what the sample took in its worker (None: scored inline, timed out, or its worker died)."""
+        """`usage`: what the sample took in its worker (None: inline, a timeout, a dead or just-started worker)."""
         if self.num_workers > 0 and self._unfinished.pop(task.seq, None) is None:
             return  # scored twice (taken back as its worker reached it): the first result stands
         win = self._window

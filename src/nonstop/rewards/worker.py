@@ -3,7 +3,8 @@
 Protocol on its pipe — in: `("score", [(seq, (data_source, solution_str, ground_truth, extra_info)), ...])`,
 `("cancel", [seq, ...])` for samples sent earlier that the pool has handed to another worker (skipped if not yet
 started), or None to stop; out: first `("ready", None)` or `("init_failed", message)`, then per sample, as soon as
-it is scored, `("result", (seq, RewardResult, Usage))` or `("fatal", message)` for a `RewardSetupError`.
+it is scored, `("result", (seq, RewardResult, Usage | None))` or `("fatal", message)` for a `RewardSetupError`. The
+first sample's usage is None: it also paid the scorer's lazy imports, which say nothing about what scoring takes.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def worker_main(conn: Connection, payload: bytes) -> None:
     conn.send(("ready", None))
     queue: deque[tuple[int, tuple[Any, ...]]] = deque()
     cancelled: set[int] = set()
-    clock = _Clock()
+    clock, warm = _Clock(), False
 
     def take(message) -> bool:
         if message is None:
@@ -93,7 +94,8 @@ def worker_main(conn: Connection, payload: bytes) -> None:
         except RewardSetupError as e:
             conn.send(("fatal", str(e)))
             continue
-        usage = clock.since(start)
+        usage = clock.since(start) if warm else None
+        warm = True
         try:
             conn.send(("result", (seq, result, usage)))
         except Exception as e:  # extra values that cannot be pickled
