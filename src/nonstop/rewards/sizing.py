@@ -5,8 +5,8 @@ and grows when its workers' measured usage says the scorer mostly waits (a sandb
 scoring time that needed a core — CPU time and time spent waiting for one, over wall time (`Usage.cpu_share`,
 published as `reward/cpu_demand_frac`) — gives `reward_workers_for` processes, enough for the samples that score at
 once within the cores and `reward_model.max_workers`. A scorer that computes keeps the per-core size. The pool judges
-once `MIN_MEASURED` samples are scored, then at each `pop_metrics` (once a step); it never shrinks, so a size is
-logged once.
+once `MIN_MEASURED` samples are measured (a worker's first is not: it also pays the scorer's lazy imports), then at
+each `pop_metrics` (once a step); it never shrinks, so a size is logged once.
 
 More processes rather than threads inside a worker: a hung sample is stopped by killing its process, which would
 take the samples of the other threads with it.
