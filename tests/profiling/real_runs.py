@@ -100,16 +100,16 @@ def reward_pool_from_config(trainer) -> None:
     config = trainer.config
     pool = RewardPool.from_config(config.reward_model, config.custom_reward_function)
     pids: set[float] = set()
-    # Workers start one process at a time, seconds apart on a loaded machine; the started ones score the instant
+    # Workers take seconds to start on a loaded machine, some later than others; the started ones score the instant
     # warm-up samples meanwhile, so keep asking until every worker (the warm spare may be among them) has answered.
     deadline, attempt = time.monotonic() + 120, 0
-    while len(pids) < config.reward_model.num_workers and time.monotonic() < deadline:
-        ids = [f"warm{attempt}-{i}" for i in range(config.reward_model.num_workers)]
+    while len(pids) < pool.num_workers and time.monotonic() < deadline:
+        ids = [f"warm{attempt}-{i}" for i in range(pool.num_workers)]
         pool.submit_many([(i, "warm", "", "", None) for i in ids])
         pids.update(r.score for r in pool.collect(ids).values())
         attempt += 1
         time.sleep(0.05)
-    assert len(pids) >= config.reward_model.num_workers, "not every reward worker started"
+    assert len(pids) >= pool.num_workers, "not every reward worker started"
     pool.pop_metrics()
     trainer.scorer.pool = pool
 

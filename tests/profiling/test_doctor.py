@@ -81,6 +81,57 @@ def test_reward_workers_without_a_recorded_core_count_say_what_they_assume(tmp_p
     assert any("assumed: this machine's; the run did not record its own" in e for e in first.evidence)
 
 
+# The H200's default pool (15 workers on 16 cores) under issue 26's slow reward, 64 samples x 0.25 s submitted at
+# once; here on 4 workers: 16 rounds, a 4.0 s wait.
+SLOW_REWARD = {
+    "timing_s/reward": 4.0,
+    "reward/busy_s": 16.0,
+    "reward/num_scored": 64.0,
+    "reward/wall_s": 4.0,
+    "reward/critical_path_s": 4.0,
+}
+
+
+def test_a_waiting_reward_gets_a_worker_per_sample_beyond_the_cores(tmp_path):
+    # Scoring needs a core 0.2% of its time (it sleeps): one round of 64 workers, the last sample's 0.25 s left.
+    metrics = {**SLOW_REWARD, "reward/cpu_demand_frac": 0.002}
+    first = ranked(write_run(tmp_path, metrics=metrics))[0]
+    assert first.cause == "reward_on_critical_path"
+    assert overrides(first)[0] == {"reward_model.num_workers": 64}
+    assert "predicted wait 0.25 s/step instead of 4.00" in first.changes[0].why
+    assert any("reward/cpu_demand_frac: scoring needed a core 0% of its time" in e for e in first.evidence)
+    assert not first.notes
+
+
+def test_a_computing_reward_gets_at_most_a_worker_per_core(tmp_path):
+    # The same run, scoring that needs a core 95% of its time: 16 workers on the 16 cores, 4 rounds, 1.0 s.
+    metrics = {**SLOW_REWARD, "reward/cpu_demand_frac": 0.95}
+    first = ranked(write_run(tmp_path, metrics=metrics))[0]
+    assert overrides(first)[0] == {"reward_model.num_workers": 16}
+    assert "predicted wait 1.00 s/step instead of 4.00; 1.00 s left" in first.changes[0].why
+    assert any(
+        "64 workers would take scoring off the critical path, but scoring needs a core 95% of its time and the host "
+        "has 16 cores" in n
+        for n in first.notes
+    )
+
+
+def test_a_waiting_reward_is_bounded_by_max_workers_and_by_its_cpu_share(tmp_path):
+    # 128 samples at once on 4 workers: 32 rounds of 0.25 s.
+    metrics = {**SLOW_REWARD, "timing_s/reward": 8.0, "reward/critical_path_s": 8.0, "reward/wall_s": 8.0}
+    metrics |= {"reward/busy_s": 32.0, "reward/num_scored": 128.0, "reward/cpu_demand_frac": 0.002}
+    first = ranked(write_run(tmp_path / "max", metrics=metrics))[0]
+    assert overrides(first)[0] == {"reward_model.num_workers": 64}  # reward_model.max_workers' default: 2 rounds
+    assert "predicted wait 0.50 s/step instead of 8.00" in first.changes[0].why
+    assert any("reward_model.max_workers=64 bounds" in n and "reward_model.num_workers=128" in n for n in first.notes)
+    # Needing a core 40% of the time: 16 / 0.4 = 40 workers keep the 16 cores busy; 4 rounds, 1.0 s.
+    metrics["reward/cpu_demand_frac"] = 0.4
+    first = ranked(write_run(tmp_path / "share", metrics=metrics))[0]
+    assert overrides(first)[0] == {"reward_model.num_workers": 40}
+    assert "predicted wait 1.00 s/step instead of 8.00" in first.changes[0].why
+    assert any("needs a core 40% of its time: 40 workers keep the 16 cores busy" in n for n in first.notes)
+
+
 def test_tiny_kv_budget_ranks_first_with_more_gpu_memory(tmp_path):
     config = {"actor_rollout_ref.rollout.gpu_memory_utilization": 0.3}
     metrics = {

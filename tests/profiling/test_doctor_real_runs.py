@@ -106,6 +106,10 @@ def test_slow_reward_function_ranks_first(slow_reward):
     assert first["cause"] == "reward_on_critical_path"
     assert any("0.10" in e and "s of scoring per sample, 8 samples per step" in e for e in first["evidence"])
     assert any("cores (profile/host.json)" in e for e in first["evidence"])
+    # The scorer sleeps: its workers measured that it mostly waits, so the advice is a worker for each of the step's
+    # samples however few cores the host has (CPU-bound advice stopped at the cores).
+    assert any("reward/cpu_demand_frac: scoring needed a core" in e for e in first["evidence"])
+    assert change_of(first, "reward_model.num_workers") == {"reward_model.num_workers": 8}
 
 
 @pytest.mark.parametrize("key", ["reward_model.num_workers", "trainer.mode"])

@@ -165,8 +165,9 @@ def test_from_config(tmp_path):
         assert (pool.num_workers, pool.timeout_s) == (1, 2.0)
         pool.submit(0, "user/task", "", "")
         assert pool.collect([0])[0].score == 0.75
-    with RewardPool.from_config(RewardModelConfig(), CustomRewardFunctionConfig()) as pool:
+    with RewardPool.from_config(RewardModelConfig(max_workers=5), CustomRewardFunctionConfig(), 16) as pool:
         assert pool.compute_score is default_compute_score
+        assert pool._sizer is not None and (pool._sizer.max_workers, pool._sizer.expected) == (5, 16)
 
 
 def test_a_batch_behind_a_hanging_sample_is_scored_not_timed_out(user_fn):
@@ -261,7 +262,7 @@ def test_scorer_names_the_function(user_fn):
 
 def test_default_workers_follow_the_cores_this_process_may_use(monkeypatch):
     from nonstop.config import load_config
-    from nonstop.config.reward import MAX_AUTO_REWARD_WORKERS, default_reward_workers
+    from nonstop.config.reward import DEFAULT_MAX_REWARD_WORKERS, default_reward_workers
 
     for name in ("LOCAL_WORLD_SIZE", "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
@@ -269,14 +270,14 @@ def test_default_workers_follow_the_cores_this_process_may_use(monkeypatch):
     assert default_reward_workers(64) == 15  # one core left to the trainer
     assert default_reward_workers(4) == 4  # no more workers than samples
     assert default_reward_workers() == 15
-    sizes = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.n="]
-    assert load_config(None, [*sizes[:2], f"{sizes[2]}8"]).reward_model.num_workers == 15  # config.yaml shows it
-    assert load_config(None, [*sizes[:2], f"{sizes[2]}1"]).reward_model.num_workers == 8  # 8 samples a step
+    assert default_reward_workers(64, max_workers=6) == 6
+    # null stays null: the pool sizes itself, and records its size as reward/num_workers
+    assert load_config(None, []).reward_model.num_workers is None
     assert load_config(None, ["reward_model.num_workers=3"]).reward_model.num_workers == 3
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # eight ranks on the node share its cores
     monkeypatch.setenv("WORLD_SIZE", "8")
     assert default_reward_workers(64) == 1  # 16 // 8 - 1, and 8 samples per rank
-    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(512)))
-    assert default_reward_workers(4096) == MAX_AUTO_REWARD_WORKERS
-    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(1024)))
+    assert default_reward_workers(4096) == DEFAULT_MAX_REWARD_WORKERS  # 1024 // 8 - 1 = 127 cores a rank
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)))
     assert default_reward_workers(64) == 1

@@ -19,7 +19,7 @@ from .errors import ConfigError, check
 from .interpolate import resolve
 from .model import PolicyModelConfig
 from .profiler import GlobalProfilerConfig
-from .reward import CustomRewardFunctionConfig, RewardModelConfig, default_reward_workers
+from .reward import CustomRewardFunctionConfig, RewardModelConfig
 from .rollout import RolloutConfig
 from .spec import option, section
 from .trainer import TrainerConfig
@@ -117,9 +117,6 @@ class NonstopConfig:
             reward_model.forward_max_token_len_per_gpu = critic.forward_max_token_len_per_gpu
         if self.data.gen_batch_size is None:
             self.data.gen_batch_size = self.data.train_batch_size
-        if reward_model.num_workers is None:
-            samples = self.data.gen_batch_size * self.actor_rollout_ref.rollout.n
-            reward_model.num_workers = default_reward_workers(samples)
 
     def _check_batch_sizes(self) -> None:
         batch = self.data.train_batch_size

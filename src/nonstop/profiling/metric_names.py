@@ -51,9 +51,15 @@ REWARD_NUM_SCORED = "reward/num_scored"
 REWARD_WALL_S = "reward/wall_s"
 REWARD_CRITICAL_PATH_S = "reward/critical_path_s"
 REWARD_TIMEOUTS = "reward/timeouts"
-# Worker processes of the pool, when the run records them (a pool sized at start-up from the cores); else the
-# doctor reads reward_model.num_workers.
+# Worker processes of the pool at the end of the step (a pool sized by itself grows for a scorer that waits); absent
+# when scoring runs inline or the run predates it: the doctor then reads reward_model.num_workers.
 REWARD_NUM_WORKERS = "reward/num_workers"
+# Of the samples scored in worker processes: their CPU seconds over their wall seconds; and the share of the wall
+# seconds they needed a core, CPU seconds plus seconds ready to run but waiting for a core (Linux schedstat; on a
+# busy host a computing scorer waits for cores, which CPU time alone would take for waiting on I/O). Low demand: the
+# scorer mostly waits (a sandbox, a remote verifier) and more workers than cores score more samples at once.
+REWARD_CPU_FRAC = "reward/cpu_frac"
+REWARD_CPU_DEMAND_FRAC = "reward/cpu_demand_frac"
 
 # Already emitted elsewhere and read too: prompt_length/mean, response_length/mean|max (trainer/metrics.py),
 # perf/gpu_util/<phase> (profiling/attribution.py), perf/num_gpus (the trainer).

@@ -3,7 +3,7 @@
     pool = RewardPool(load_custom_reward_fn("my_reward.py", "compute_score"), num_workers=4, timeout_s=10.0)
     pool.submit(uid, data_source, response_text, ground_truth, extra_info)  # as each sequence finishes; returns now
     results = pool.collect(uids)  # before advantages: {uid: RewardResult}, blocks only for what is still scoring
-    metrics = pool.pop_metrics()  # reward/errors, reward/timeouts, reward/critical_path_s, ...
+    metrics = pool.pop_metrics()  # reward/errors, reward/timeouts, reward/critical_path_s, reward/cpu_frac, ...
 
 A sample whose function raises, returns something that is not a finite number, or runs past `timeout_s` scores
 0.0, is counted and logged once per distinct failure; a hung worker is killed and replaced. A `RewardSetupError`
@@ -13,7 +13,8 @@ Hangs do not queue up behind each other: a sample running for `SUSPECT_FRACTION`
 suspect — the samples queued behind it go back to the queue and a warm spare (one worker process is always kept
 started beyond `num_workers`) scores in its place, while the suspect finishes or times out; a new spare starts in
 the background. Results carry a sequence number, so a sample scored twice (taken back just as its worker reached
-it) counts once.
+it) counts once. `num_workers=None` sizes the pool from what its workers measure (sizing.py): a worker per core, more
+processes than cores for a scorer that mostly waits.
 
 Workers start with forkserver (or spawn) — never fork: the trainer process holds CUDA. The scoring function
 therefore travels by pickle: a module-level function, or a `CustomRewardFunction` that re-loads `path.py:name`;
@@ -38,13 +39,14 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from nonstop.config.reward import default_reward_workers
+from nonstop.config.reward import DEFAULT_MAX_REWARD_WORKERS
 
 from . import registry
 from .custom import CustomRewardFunction, load_custom_reward_fn
 from .errors import RewardSetupError
 from .registry import default_compute_score
-from .scoring import RewardResult, score_one, shorten
+from .scoring import NO_USAGE, RewardResult, Usage, score_one, shorten
+from .sizing import PoolSizer
 from .worker import worker_main
 
 logger = logging.getLogger(__name__)
@@ -88,20 +90,27 @@ class _Window:
     timeouts: int = 0
     busy_s: float = 0.0
     collect_wait_s: float = 0.0
+    usage: Usage = NO_USAGE  # of the samples scored in workers
 
 
 class RewardPool:
     def __init__(
         self,
         compute_score: Callable[..., Any] = default_compute_score,
-        num_workers: int = 1,
+        num_workers: int | None = 1,
         timeout_s: float = 10.0,
         start_method: str | None = None,
+        max_workers: int = DEFAULT_MAX_REWARD_WORKERS,
+        samples_per_step: int | None = None,
     ):
-        if num_workers < 0:
-            raise ValueError(f"num_workers={num_workers}: must be >= 0 (0 scores inline)")
+        """`num_workers=None`: sized by the pool (module docstring), up to `max_workers`, for `samples_per_step`
+        (this rank's share of them; None = the most samples submitted and not yet scored at once)."""
+        if num_workers is not None and num_workers < 0:
+            raise ValueError(f"num_workers={num_workers}: must be >= 0 (0 scores inline) or None (sized by the pool)")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s={timeout_s}: must be > 0")
+        self._sizer = PoolSizer(max_workers, samples_per_step) if num_workers is None else None
+        num_workers = self._sizer.start if self._sizer is not None else num_workers
         self.compute_score, self.num_workers, self.timeout_s = compute_score, num_workers, timeout_s
         self._cond = threading.Condition()
         self._pending: deque[_Task] = deque()
@@ -132,13 +141,18 @@ class RewardPool:
         self._thread.start()
 
     @classmethod
-    def from_config(cls, reward_model, custom_reward_function) -> RewardPool:
-        """From `reward_model.*` (num_workers, null = `default_reward_workers`; timeout_s) and
-        `custom_reward_function.*` (path, name, reward_kwargs)."""
+    def from_config(cls, reward_model, custom_reward_function, samples_per_step: int | None = None) -> RewardPool:
+        """From `reward_model.*` (num_workers, null = sized by the pool; max_workers; timeout_s) and
+        `custom_reward_function.*` (path, name, reward_kwargs), for `samples_per_step` (all ranks')."""
         crf = custom_reward_function
         fn = load_custom_reward_fn(crf.path, crf.name, crf.reward_kwargs) if crf.path else default_compute_score
-        workers = reward_model.num_workers or default_reward_workers()
-        return cls(fn, num_workers=workers, timeout_s=reward_model.timeout_s)
+        return cls(
+            fn,
+            num_workers=reward_model.num_workers,
+            timeout_s=reward_model.timeout_s,
+            max_workers=reward_model.max_workers,
+            samples_per_step=samples_per_step,
+        )
 
     @property
     def scorer(self) -> str:
@@ -187,6 +201,8 @@ class RewardPool:
             if self.num_workers > 0:
                 self._pending.extend(tasks)
                 self._unfinished.update((t.seq, t) for t in tasks)
+                if self._sizer is not None:
+                    self._sizer.outstanding(len(self._unfinished))
                 self._wake_w.send_bytes(b"")
                 return
         for task in tasks:
@@ -222,15 +238,19 @@ class RewardPool:
 
     def pop_metrics(self) -> dict[str, float]:
         """Metrics since the previous call. `reward/critical_path_s` (last submit to last result) is the part of
-        scoring that generation did not hide; `reward/overlap_s` is the part it did."""
+        scoring that generation did not hide; `reward/overlap_s` is the part it did. With worker processes also
+        `reward/num_workers` and, once a worker scored, `reward/cpu_frac` and `reward/cpu_demand_frac` (metric_names.py
+        defines them). A self-sized pool then judges its size again."""
         with self._cond:
             w, self._window = self._window, _Window()
+            workers = self.num_workers
+            self._resize()
         wall = w.last_result - w.first_submit if w.last_result is not None and w.first_submit is not None else 0.0
         # A window can hold results without submits: under the overlap modes scoring of samples submitted before
         # the previous call can finish after it.
         scored_after_submit = w.last_result is not None and w.last_submit is not None
         critical = max(0.0, w.last_result - w.last_submit) if scored_after_submit else 0.0
-        return {
+        metrics = {
             "reward/num_scored": float(w.scored),
             "reward/errors": float(w.errors),
             "reward/timeouts": float(w.timeouts),
@@ -240,6 +260,12 @@ class RewardPool:
             "reward/overlap_s": max(0.0, wall - critical),
             "reward/collect_wait_s": w.collect_wait_s,
         }
+        if workers > 0:
+            metrics["reward/num_workers"] = float(workers)
+        if w.usage.wall_s > 0:
+            metrics["reward/cpu_frac"] = min(1.0, w.usage.cpu_s / w.usage.wall_s)
+            metrics["reward/cpu_demand_frac"] = w.usage.cpu_share
+        return metrics
 
     def close(self) -> None:
         with self._cond:
@@ -284,9 +310,14 @@ class RewardPool:
                 with self._cond:
                     if self._closed or self._fatal is not None:
                         return  # after a fatal error nothing more can be scored: collect() raises it
-                    self._dispatch()
+                    short = self._dispatch()
                     watched = [w.conn for w in self._workers]
                     wake = min((t for w in self._workers for t in self._alarms(w)), default=math.inf)
+                if short:  # started outside the lock: each is a round trip to the forkserver; a grown pool starts many
+                    started = [self._start_worker() for _ in range(short)]
+                    with self._cond:
+                        self._workers.extend(started)
+                    continue
                 timeout = None if wake == math.inf else max(0.0, wake - time.perf_counter())
                 ready = wait([*watched, self._wake_r], timeout)
                 with self._cond:
@@ -310,9 +341,9 @@ class RewardPool:
         deadline = w.started + self.timeout_s
         return (deadline,) if w.suspect else (w.started + SUSPECT_FRACTION * self.timeout_s, deadline)
 
-    def _dispatch(self) -> None:
+    def _dispatch(self) -> int:
         """Hand queued samples to idle workers, `num_workers` at a time plus one for each suspect; then keep one
-        spare process beyond those."""
+        spare process beyond those: the number of processes to start."""
         busy = [w for w in self._workers if w.tasks]
         suspects = sum(w.suspect for w in busy)
         slots = self.num_workers + suspects - len(busy)
@@ -339,12 +370,10 @@ class RewardPool:
                 w.conn.send(("score", [(t.seq, t.args) for t in w.tasks]))
             except OSError:
                 pass  # the worker died; wait() sees its pipe close and _receive scores its first task as an error
-        self._keep_spare(self.num_workers + suspects + 1)
+        return self._keep_spare(self.num_workers + suspects + 1)
 
-    def _keep_spare(self, wanted: int) -> None:
-        """`wanted` processes: start one when short (one at a time: the spare), retire idle ones beyond."""
-        if len(self._workers) < wanted and all(w.ready for w in self._workers):
-            self._workers.append(self._start_worker())
+    def _keep_spare(self, wanted: int) -> int:
+        """`wanted` processes: retire idle ones beyond; the number short, which the dispatcher starts."""
         for w in [w for w in self._workers if w.ready and not w.tasks][: max(0, len(self._workers) - wanted)]:
             self._workers.remove(w)
             self._retired.append(w)
@@ -352,6 +381,7 @@ class RewardPool:
                 w.conn.send(None)
             except OSError:
                 pass
+        return max(0, wanted - len(self._workers))
 
     def _take_back(self, w: _Worker, cancel: bool) -> None:
         """The samples `w` has not started go back to the front of the queue, in order (and, with `cancel`, the
@@ -393,12 +423,12 @@ class RewardPool:
             self._fatal = payload
             self._cond.notify_all()
         else:
-            seq, result = payload
+            seq, result, usage = payload
             if w.tasks and w.tasks[0].seq == seq:
                 w.tasks.popleft()
                 w.started, w.suspect = (time.perf_counter() if w.tasks else math.inf), False
             if seq in self._unfinished:  # else scored already, by the worker it was handed to after being taken back
-                self._finish(self._unfinished[seq], result)
+                self._finish(self._unfinished[seq], result, usage)
 
     def _expire(self, now: float) -> None:
         for w in list(self._workers):
@@ -424,10 +454,15 @@ class RewardPool:
 
     # --- bookkeeping (under self._cond) ------------------------------------------------------------------------
 
-    def _finish(self, task: _Task, result: RewardResult) -> None:
+    def _finish(self, task: _Task, result: RewardResult, usage: Usage | None = None) -> None:
+        """`usage`: what the sample took in its worker (None: inline, a timeout, a dead or just-started worker)."""
         if self.num_workers > 0 and self._unfinished.pop(task.seq, None) is None:
             return  # scored twice (taken back as its worker reached it): the first result stands
         win = self._window
+        if usage is not None:
+            win.usage += usage
+            if self._sizer is not None and self._sizer.scored(usage):
+                self._resize()
         win.scored += 1
         win.busy_s += result.elapsed_s
         win.errors += result.status == "error"
@@ -438,13 +473,19 @@ class RewardPool:
         self._results[task.sample_id] = result
         self._cond.notify_all()
 
+    def _resize(self) -> None:
+        """A self-sized pool grows when its sizer asks for more; the dispatcher starts the processes."""
+        size = self.num_workers if self._sizer is None else self._sizer.size(self.num_workers)
+        if size > self.num_workers:
+            self.num_workers = size
+            self._wake_w.send_bytes(b"")
+
     def _log_failure(self, task: _Task, result: RewardResult) -> None:
         data_source, solution_str, ground_truth, _ = task.args
         key = (result.status, data_source, result.where)
         if key in self._logged:
             return
         self._logged.add(key)
-        counter = "reward/timeouts" if result.status == "timeout" else "reward/errors"
         logger.warning(
             "reward %s on sample %r (data_source=%r, ground_truth=%s), scored 0.0; response: %r\n%s\n"
             "Further failures like this are counted in %s, not logged.",
@@ -454,5 +495,5 @@ class RewardPool:
             shorten(repr(ground_truth)),
             shorten(solution_str),
             result.message,
-            counter,
+            "reward/timeouts" if result.status == "timeout" else "reward/errors",
         )

@@ -29,6 +29,28 @@ class RewardResult:
     where: str = ""  # exception type and file:line that raised it, so logs say each distinct failure once
 
 
+@dataclass(frozen=True)
+class Usage:
+    """What scoring one sample took in its worker process: wall seconds, the process's CPU seconds, and seconds its
+    thread was ready to run but waited for a core (a busy host: CPU time alone would make a computing scorer look
+    like a waiting one). The pool sizes itself from their totals."""
+
+    wall_s: float
+    cpu_s: float
+    queued_s: float
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(self.wall_s + other.wall_s, self.cpu_s + other.cpu_s, self.queued_s + other.queued_s)
+
+    @property
+    def cpu_share(self) -> float:
+        """CPU and run-queue seconds over wall seconds: the share of its time scoring needed a core."""
+        return min(1.0, (self.cpu_s + self.queued_s) / self.wall_s) if self.wall_s > 0 else 1.0
+
+
+NO_USAGE = Usage(0.0, 0.0, 0.0)
+
+
 def shorten(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit // 2] + " … " + text[-limit // 2 :]
 

@@ -3,13 +3,16 @@
 Protocol on its pipe — in: `("score", [(seq, (data_source, solution_str, ground_truth, extra_info)), ...])`,
 `("cancel", [seq, ...])` for samples sent earlier that the pool has handed to another worker (skipped if not yet
 started), or None to stop; out: first `("ready", None)` or `("init_failed", message)`, then per sample, as soon as
-it is scored, `("result", (seq, RewardResult))` or `("fatal", message)` for a `RewardSetupError`.
+it is scored, `("result", (seq, RewardResult, Usage | None))` or `("fatal", message)` for a `RewardSetupError`. The
+first sample's usage is None: it also paid the scorer's lazy imports, which say nothing about what scoring takes.
 """
 
 from __future__ import annotations
 
+import os
 import pickle
 import signal
+import time
 import traceback
 from collections import deque
 from multiprocessing.connection import Connection
@@ -17,7 +20,30 @@ from typing import Any
 
 from . import registry
 from .errors import RewardSetupError
-from .scoring import RewardResult, score_one
+from .scoring import RewardResult, Usage, score_one
+
+
+class _Clock:
+    """Wall, CPU and run-queue seconds of this process so far. The run-queue time (waiting for a core while ready to
+    run) is the kernel's for the main thread, which scores, from /proc/self/schedstat (Linux); 0 where it is
+    missing."""
+
+    def __init__(self):
+        try:
+            self._fd: int | None = os.open("/proc/self/schedstat", os.O_RDONLY)
+        except OSError:
+            self._fd = None
+
+    def read(self) -> tuple[float, float, float]:
+        queued_ns = 0
+        if self._fd is not None:
+            fields = os.pread(self._fd, 128, 0).split()
+            queued_ns = int(fields[1]) if len(fields) > 1 else 0
+        return time.perf_counter(), time.process_time(), queued_ns / 1e9
+
+    def since(self, start: tuple[float, float, float]) -> Usage:
+        wall, cpu, queued = (b - a for a, b in zip(start, self.read(), strict=True))
+        return Usage(wall, cpu, queued)
 
 
 def worker_main(conn: Connection, payload: bytes) -> None:
@@ -35,6 +61,7 @@ def worker_main(conn: Connection, payload: bytes) -> None:
     conn.send(("ready", None))
     queue: deque[tuple[int, tuple[Any, ...]]] = deque()
     cancelled: set[int] = set()
+    clock, warm = _Clock(), False
 
     def take(message) -> bool:
         if message is None:
@@ -61,12 +88,16 @@ def worker_main(conn: Connection, payload: bytes) -> None:
         if seq in cancelled:
             cancelled.discard(seq)
             continue
+        start = clock.read()
         try:
-            reply = ("result", (seq, score_one(compute_score, *args)))
+            result = score_one(compute_score, *args)
         except RewardSetupError as e:
-            reply = ("fatal", str(e))
+            conn.send(("fatal", str(e)))
+            continue
+        usage = clock.since(start) if warm else None
+        warm = True
         try:
-            conn.send(reply)
+            conn.send(("result", (seq, result, usage)))
         except Exception as e:  # extra values that cannot be pickled
             message = f"result could not be sent back: {e!r}"
-            conn.send(("result", (seq, RewardResult(0.0, status="error", message=message))))
+            conn.send(("result", (seq, RewardResult(0.0, status="error", message=message), usage)))

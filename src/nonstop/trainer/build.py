@@ -134,8 +134,7 @@ def build_trainer(config: NonstopConfig, console: bool = True) -> Trainer | Roll
         check_no_validation(config, val_loader)
         extra = {"placement": placement, "wire_dtype": engine_dtype(config, device)}
     # Under split placement the rollout ranks score; the trainer's pool stays empty.
-    reward_cfg = config.reward_model
-    pool = RewardPool(num_workers=0) if placement else RewardPool.from_config(reward_cfg, config.custom_reward_function)
+    pool = RewardPool(num_workers=0) if placement else reward_pool(config)
     try:
         return Trainer(
             config,
@@ -164,12 +163,18 @@ def build_rollout_worker(config: NonstopConfig, device: torch.device, placement:
     model, tokenizer = load_policy(config, dtype, device)
     model.requires_grad_(False)
     llm = engine_llm(config, model, tokenizer)
-    pool = RewardPool.from_config(config.reward_model, config.custom_reward_function)
+    pool = reward_pool(config)
     try:
         return RolloutWorker(config, llm, tokenizer, train_dataloader(config.data, tokenizer), pool, placement, dtype)
     except BaseException:
         pool.close()
         raise
+
+
+def reward_pool(config: NonstopConfig) -> RewardPool:
+    """The rule scorer's pool, sized (`reward_model.num_workers=null`) for the samples a step generates."""
+    samples = config.data.gen_batch_size * config.actor_rollout_ref.rollout.n
+    return RewardPool.from_config(config.reward_model, config.custom_reward_function, samples_per_step=samples)
 
 
 def load_policy(config: NonstopConfig, dtype: torch.dtype, device: torch.device):

@@ -6,12 +6,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from nonstop.config.reward import WAITING_CPU_SHARE, reward_workers_for
 from nonstop.profiling.doctor.causes_overlap import ONE_STEP_OFF, colocated_overlap, wait_phase
 from nonstop.profiling.doctor.change import Change
 from nonstop.profiling.doctor.finding import CLEAR, FOUND, NO_DATA, Finding, pct
 from nonstop.profiling.doctor.run_data import RunData
 from nonstop.profiling.metric_names import (
     REWARD_BUSY_S,
+    REWARD_CPU_DEMAND_FRAC,
     REWARD_CRITICAL_PATH_S,
     REWARD_NUM_SCORED,
     REWARD_NUM_WORKERS,
@@ -21,6 +23,7 @@ from nonstop.profiling.metric_names import (
 from nonstop.profiling.phases import timing_key
 
 NUM_WORKERS = "reward_model.num_workers"
+MAX_WORKERS = "reward_model.max_workers"
 # More workers are proposed only when they are predicted to cut the wait by at least this share.
 MIN_WAIT_CUT = 0.2
 # A measured wait more than twice what the pool's numbers predict for its workers is mostly something else.
@@ -36,8 +39,9 @@ class ScoringLoad:
     submit_span_s: float  # first submit to last submit: scoring that generation had the chance to hide
 
     def wait(self, workers: int) -> float:
-        """Predicted wait after the last submit with `workers` CPU-bound workers: each worker scores its share of the
-        step's samples one after another from the first submit, and the last sample takes its own time at least."""
+        """Predicted wait after the last submit with `workers` workers that do not run short of cores: each scores its
+        share of the step's samples one after another from the first submit, and the last sample takes its own time
+        at least."""
         rounds = math.ceil(self.samples / workers)
         return max(self.per_sample_s, rounds * self.per_sample_s - self.submit_span_s)
 
@@ -99,18 +103,24 @@ def reward_on_critical_path(run: RunData) -> Finding:
 def _workers_advice(run: RunData, f: Finding, load: ScoringLoad, wait: float) -> None:
     cores, cores_source = run.cpu_cores
     workers = current_workers(run)
+    share = run.mean(REWARD_CPU_DEMAND_FRAC)
     f.evidence.append(
         f"{REWARD_BUSY_S} / {REWARD_NUM_SCORED}: {load.per_sample_s:.3f} s of scoring per sample, "
         f"{load.samples:.0f} samples per step, submitted over {load.submit_span_s:.2f} s; "
         f"{workers if workers is not None else 'an unrecorded number of'} worker(s), {cores} cores ({cores_source})"
     )
+    if share is not None:
+        f.evidence.append(f"{REWARD_CPU_DEMAND_FRAC}: scoring needed a core {pct(share)} of its time")
     needed = load.workers_off_critical_path()
-    cap = max(1, min(cores, math.ceil(load.samples)))  # CPU-bound scoring: at most one busy worker per core
+    # Scoring that needs a core all the time (or says nothing) gets at most one worker per core; one that mostly
+    # waits, as many as keep the cores busy, up to reward_model.max_workers.
+    max_workers = run.cfg(MAX_WORKERS)
+    cap = reward_workers_for(cores, 1.0 if share is None else share, math.ceil(load.samples), max_workers)
     target = min(needed, cap)
     predicted = load.wait(target)
     floor = f"the last sample's own {load.per_sample_s:.2f} s"
     if (workers is None or target > workers) and predicted <= (1 - MIN_WAIT_CUT) * wait:
-        left = "" if target == needed else f"; {predicted:.2f} s left: all {cores} cores are busy at that point"
+        left = "" if target == needed else f"; {predicted:.2f} s left"
         f.changes.append(
             Change(
                 {NUM_WORKERS: target},
@@ -119,7 +129,7 @@ def _workers_advice(run: RunData, f: Finding, load: ScoringLoad, wait: float) ->
             )
         )
         if target < needed:
-            f.notes.append(_bounded_scoring(load, needed, cores))
+            f.notes.append(_bounded_scoring(cap, needed, share, cores, max_workers))
         return
     if workers is not None and load.wait(workers) < UNEXPLAINED * wait:
         f.notes.append(
@@ -132,17 +142,29 @@ def _workers_advice(run: RunData, f: Finding, load: ScoringLoad, wait: float) ->
     elif workers is None or target > workers:
         f.notes.append(f"{target} workers would leave {predicted:.2f} s of the {wait:.2f} s wait: {_FASTER}")
     else:
-        f.notes.append(_bounded_scoring(load, needed, cores))
+        f.notes.append(_bounded_scoring(cap, needed, share, cores, max_workers))
 
 
 _FASTER = "a faster scorer (custom_reward_function.path), or scoring hidden under the next step's generation"
 
 
-def _bounded_scoring(load: ScoringLoad, needed: int, cores: int) -> str:
-    return (
-        f"{needed} workers would take scoring off the critical path, but scoring is assumed CPU-bound and the host has "
-        f"{cores} cores (a scorer waiting on I/O can use more workers than cores); beyond that: {_FASTER}"
-    )
+def _bound(cap: int, needed: int, share: float | None, cores: int, max_workers: int) -> str:
+    """Why `cap` workers, fewer than the `needed` ones, are the most proposed."""
+    if share is None:
+        return f"scoring is assumed CPU-bound ({REWARD_CPU_DEMAND_FRAC} not recorded) and the host has {cores} cores"
+    if share >= WAITING_CPU_SHARE:
+        return f"scoring needs a core {pct(share)} of its time and the host has {cores} cores"
+    if cap >= max_workers:
+        return (
+            f"{MAX_WORKERS}={max_workers} bounds the workers proposed beyond one per core (each process holds an "
+            f"interpreter and the scorer's imports; {NUM_WORKERS}={needed} starts them where memory allows)"
+        )
+    return f"scoring needs a core {pct(share)} of its time: {cap} workers keep the {cores} cores busy"
+
+
+def _bounded_scoring(cap: int, needed: int, share: float | None, cores: int, max_workers: int) -> str:
+    why = _bound(cap, needed, share, cores, max_workers)
+    return f"{needed} workers would take scoring off the critical path, but {why}; beyond that: {_FASTER}"
 
 
 def _phase_cost(run: RunData, cause: str, title: str, phase: str, optional: bool = False) -> Finding:
