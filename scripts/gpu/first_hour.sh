@@ -12,7 +12,8 @@
 # First the CUDA test of the sized budget (tests/trainer/test_actor_oom.py: probe measured, gradients equal one
 # micro-batch's). The last lines are a table of every run: step time, micro-batches, budget, retries, reward share.
 # SHAPE, LENS and RESP change the shape, prompt lengths and response length (a CPU dry run of the script itself:
-# SHAPE=smollm2-135m LENS=16 RESP=8).
+# SHAPE=smollm2-135m LENS=16 RESP=8). SLOW_ONLY=1 runs the slow reward alone; SLOW_LONGTAIL=1 adds it on long-tailed
+# response lengths (the bench's `longtail`: responses end through the generation phase, as with a real policy).
 source "$(dirname "$0")/common.sh"
 LENS=${LENS:-2048 4096}
 BENCH="python3 -m nonstop bench trainer --sides nonstop --shape ${SHAPE:-qwen2.5-0.5b} --prompts 8 --n 8
@@ -27,7 +28,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
     time.sleep(0.25)
     return (len(solution_str) % 7) / 7
 EOF
-gpu_test t_oom 60 tests/trainer/test_actor_oom.py
+[ -n "${SLOW_ONLY:-}" ] && LENS=""
+[ -n "$LENS" ] && gpu_test t_oom 60 tests/trainer/test_actor_oom.py
 for len in $LENS; do
   t "mem$len" 120 $BENCH --prompt-len "$len" --warmup 1 --steps 2 --work-dir "/tmp/fh_mem$len" \
     --override actor_rollout_ref.actor.use_prefix_grouper=False \
@@ -36,12 +38,15 @@ for len in $LENS; do
 done
 t slow_reward 90 $BENCH --prompt-len "${SLOW_PROMPT_LEN:-128}" --warmup 1 --steps 3 --work-dir /tmp/fh_slow \
   --override custom_reward_function.path=/tmp/slow_reward.py --out "$OUT/slow_reward.json"
+[ -n "${SLOW_LONGTAIL:-}" ] && t slow_reward_longtail 90 $BENCH --prompt-len "${SLOW_PROMPT_LEN:-128}" \
+  --warmup 1 --steps 3 --response-lengths longtail --work-dir /tmp/fh_slow_lt \
+  --override custom_reward_function.path=/tmp/slow_reward.py --out "$OUT/slow_reward_longtail.json"
 python3 - "$OUT" $LENS <<'EOF'
 import json, sys
 from pathlib import Path
 
 print(f"\n{'run':22} {'step s':>7} {'micro':>6} {'budget':>8} {'oom':>4} {'reward s':>9} {'reward %':>9}")
-for name in [*(f"mem{n}" for n in sys.argv[2:]), "slow_reward"]:
+for name in [*(f"mem{n}" for n in sys.argv[2:]), "slow_reward", "slow_reward_longtail"]:
     path = Path(sys.argv[1]) / f"{name}.json"
     if not path.is_file():
         print(f"{name:22} no result (see {name}.log)")
