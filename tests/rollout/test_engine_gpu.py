@@ -65,9 +65,10 @@ def test_bf16_cuda_graphs_equal_eager_and_logprobs_match_a_full_forward():
     assert_bf16_logprobs_match_a_full_forward(model, reference, prompts[:4], chunked.generate(prompts[:4], params))
 
 
-def assert_bf16_logprobs_match_a_full_forward(model, reference, prompts, outputs) -> None:
+def assert_bf16_logprobs_match_a_full_forward(model, reference, prompts, outputs, packed_bound=2e-2) -> tuple:
     """The bf16 engine's log-probs against a bf16 packed full forward of each sample and against transformers in
-    fp32: within the bound every bf16 engine path is held to."""
+    fp32: within the bound every bf16 engine path is held to. Returns the per-token errors against fp32 of the
+    engine and of the bf16 forward."""
     seqs = [(p, c) for p, o in zip(prompts, outputs, strict=True) for c in o.outputs]
     lengths = [len(p) + len(c.token_ids) for p, c in seqs]
     with torch.no_grad():
@@ -91,13 +92,14 @@ def assert_bf16_logprobs_match_a_full_forward(model, reference, prompts, outputs
     # 2e-2 over every sampled token of every sequence.
     diff = (engine - packed).abs()
     print(f"engine vs the bf16 forward: mean abs {diff.mean():.4f}, max {diff.max():.4f}")
-    assert diff.mean() <= 2e-2, f"mean abs {diff.mean():.4f}, max {diff.max():.4f} over {diff.numel()} tokens"
+    assert diff.mean() <= packed_bound, f"mean abs {diff.mean():.4f}, max {diff.max():.4f} over {diff.numel()} tokens"
     # And no token far off: against fp32, the engine's worst and mean errors are within twice the bf16 forward's.
     engine_err, packed_err = (engine - truth).abs(), (packed - truth).abs()
     errors = f"engine vs fp32 max {engine_err.max():.4f} mean {engine_err.mean():.5f}; bf16 forward vs fp32 max "
     errors += f"{packed_err.max():.4f} mean {packed_err.mean():.5f}"
     assert engine_err.max() <= 2 * packed_err.max() and engine_err.mean() <= 2 * packed_err.mean(), errors
     print(errors)
+    return engine_err, packed_err
 
 
 @pytest.mark.gpu

@@ -145,6 +145,29 @@ def test_auto_probes_the_other_way_every_so_often():
     assert decisions.count(True) == 2 and decisions[PROBE_EVERY] and decisions[2 * PROBE_EVERY + 1]
 
 
+def test_a_probe_verifies_while_no_verify_step_was_timed():
+    """A warm-up whose verify launches all captured CUDA graphs leaves no verify time, and its rejections can pull every
+    gain below MIN_GAIN: then only probes draft, and a probe must verify, or the rule never measures a verify step
+    (the H200 bench of GSM8K ran no verify step in any timed case that way)."""
+    p = policy()
+    p.decoded(num_steps=8, wall_s=8.0)
+    for _ in range(8):
+        p.verified([1], [4], [0], wall_s=None)  # captured: acceptance learnt, no cost
+    assert p.global_gain < MIN_GAIN and p.cost_ratio() is None and p.draft_length(2) == 0
+    probe_at = PROBE_EVERY - p.steps_since_probe  # the steps before the next probe
+    decisions = []
+    for _ in range(probe_at + 2):
+        lengths = [p.draft_length(2)]
+        verify = p.should_verify([2], lengths)
+        decisions.append(verify)
+        if verify:
+            p.verified([2], lengths, [3], wall_s=1.0)
+        else:
+            p.decoded(num_steps=1, wall_s=1.0)
+    # The probe measured a verify step as dear as a plain one and accepted 3 tokens: the next step verifies on merit.
+    assert decisions == [False] * probe_at + [True, True] and p.cost_ratio() == pytest.approx(1.0)
+
+
 def test_draft_lengths_follow_each_sequences_outcomes():
     p = policy(max_draft=8)
     p.verified([1, 2, 3], [4, 4, 4], [4, 1, 0], wall_s=1.0)

@@ -55,8 +55,11 @@ def test_verify_under_cuda_graphs_equals_eager():
 
 @pytest.mark.gpu
 def test_bf16_speculative_logprobs_match_a_full_forward():
-    """The plain engine's bound (test_engine_gpu.py): mean abs difference from a bf16 full forward within 2e-2, and
-    against fp32 no worse than twice the bf16 forward's own error."""
+    """Against fp32 the plain engine's bound (test_engine_gpu.py: no worse than twice the bf16 forward's own error),
+    and here tighter: the mean within 10% of the bf16 forward's. Against the bf16 forward itself 5e-2 (the plain
+    engine: 2e-2): the plain decode kernel rounds like the packed FlashAttention forward, the verify launch (query
+    length k + 1, a multi-token tail) does not, and an exact fp32-accumulating attention in its place measured
+    farther still from the bf16 forward while closer to fp32 (scripts/gpu/spec_logprob_probe.py, docs/dev-log.md)."""
     reference, model = cuda_model()
     prompts = random_prompts(LENGTHS, vocab=V)[:4]
     params = SamplingParams(n=4, temperature=1.0, top_p=0.95, max_tokens=32, seed=3)
@@ -67,7 +70,8 @@ def test_bf16_speculative_logprobs_match_a_full_forward():
     assert llm.stats.num_verify_steps > 0 and verify_graphs(llm)
     # The plain engine on the same workload first: the bound holds there, so a failure below is the verify path's.
     assert_bf16_logprobs_match_a_full_forward(model, reference, prompts, plain)
-    assert_bf16_logprobs_match_a_full_forward(model, reference, prompts, outputs)
+    engine_err, packed_err = assert_bf16_logprobs_match_a_full_forward(model, reference, prompts, outputs, 5e-2)
+    assert engine_err.mean() <= 1.1 * packed_err.mean(), f"{engine_err.mean():.4f} vs {packed_err.mean():.4f}"
 
 
 @pytest.mark.gpu

@@ -11,7 +11,8 @@ the batch sizes where it drafts), so the rule needs no constant measured elsewhe
 `MIN_GAIN` drafts nothing (its row decodes as in a plain step; probes aside), and a drafting sequence's draft
 length follows its last outcome: a fully accepted draft lets the next one grow by two, a rejection at position a
 caps it at a + 1. Every `PROBE_EVERY`-th step in the drafting range does the other thing once (verify while the rule
-says plain, plain while it says verify), so both times and the acceptance stay current, at a bounded cost.
+says plain, plain while it says verify), so both times and the acceptance stay current, at a bounded cost; while no
+verify step has been timed, a step with drafts verifies.
 
 `always` verifies every step that has a draft, at full length: for tests and for measuring acceptance.
 """
@@ -67,8 +68,11 @@ class DraftPolicy:
         if self.always:
             return True
         ratio = self.cost_ratio()
-        pays = ratio is None or 1 + self.expected_gain(seq_ids, draft_lengths) >= ratio
-        return pays != self._probing()
+        if ratio is None:
+            # No verify step has been timed yet (or only ones that captured a graph): verify, to measure it. A probe
+            # must not turn this into "plain", or a rule whose gains fell below MIN_GAIN could never time one.
+            return True
+        return (1 + self.expected_gain(seq_ids, draft_lengths) >= ratio) != self._probing()
 
     def may_verify(self, seq_ids: list[int]) -> bool:
         """Before the drafts exist: whether some draft could make the step verify (the engine then reads the step in
