@@ -89,12 +89,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+SHARED_GPU_TOKENS = 16384  # tokens per nonstop micro-batch when several runs share a GPU
+
+
 def nonstop_overrides(args: argparse.Namespace, model_dir: Path, val_file: Path, task: Task) -> list[str]:
     """The nonstop keys of every run (seed, prompt file and run directory are added per run)."""
     reward = (
         [f"custom_reward_function.path={task.reward_path}", f"custom_reward_function.name={task.reward_name}"]
         if task.reward_path
         else []
+    )
+    # Runs sharing a GPU (`--jobs` > 1) get a fixed token budget per micro-batch: the one nonstop sizes from free
+    # memory when none is set would take what the other runs need (TRL's ran out of memory that way).
+    shared = (
+        []
+        if args.jobs == 1
+        else [
+            "actor_rollout_ref.actor.use_dynamic_bsz=True",
+            f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={SHARED_GPU_TOKENS}",
+        ]
     )
     return [
         "algorithm.adv_estimator=grpo",
@@ -123,6 +136,7 @@ def nonstop_overrides(args: argparse.Namespace, model_dir: Path, val_file: Path,
         "trainer.save_freq=-1",
         "trainer.resume_mode=disable",
         *reward,
+        *shared,
         *args.override,
     ]
 
