@@ -207,3 +207,18 @@ def test_checks_by_hand():
     text = report.table(result, last=2)
     assert "FAIL" in text and "TRL / nonstop 10.0x" in text
     assert json.loads(json.dumps(result)) == result
+
+
+def test_runs_sharing_a_gpu_get_a_fixed_micro_batch_budget(planned):
+    """With --jobs > 1 nonstop's update must not size its micro-batches from the free memory the other runs need;
+    the settings still match TRL's (micro-batching changes the float order, not the sums)."""
+    plan, work, pool = planned
+    task = Task("tiny", pool, pool[:2], max_prompt_length=16)
+    alone = cli.nonstop_overrides(cli.parse_args([*ARGS, "--jobs", "1"]), work / "m", work / "v.jsonl", task)
+    shared = cli.nonstop_overrides(cli.parse_args([*ARGS, "--jobs", "6"]), work / "m", work / "v.jsonl", task)
+    budget = f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={cli.SHARED_GPU_TOKENS}"
+    assert budget not in alone and not any("use_dynamic_bsz" in o for o in alone)
+    assert {budget, "actor_rollout_ref.actor.use_dynamic_bsz=True"} <= set(shared)
+    budget_keys = [o for o in shared if o not in alone]
+    config, grpo = grpo_config(plan, work, **dict(o.split("=", 1) for o in budget_keys))
+    assert config.actor_rollout_ref.actor.use_dynamic_bsz and all(row["equal"] for row in matched_pairs(config, grpo))
