@@ -78,3 +78,22 @@ def test_mode_overrides_are_checked():
         parity.parse_args(["--mode-override", "asink", "a=b"])
     with pytest.raises(SystemExit):
         parity.parse_args(["--modes", "sync,fast"])
+
+
+def test_a_labelled_run_is_a_variant_of_a_mode_and_counts_the_groups_it_trained(tmp_path):
+    args = parity.parse_args(
+        ["--modes", "sync,carry=sync", "--mode-override", "carry", "actor_rollout_ref.rollout.tail.enable=True"]
+    )
+    assert args.modes == {"sync": "sync", "carry": "sync"}
+    carry = parity.mode_overrides("carry", tmp_path, args)
+    assert "trainer.mode=sync" in carry and carry[-1] == "actor_rollout_ref.rollout.tail.enable=True"
+    assert "actor_rollout_ref.rollout.tail.enable=True" not in parity.mode_overrides("sync", tmp_path, args)
+    with pytest.raises(SystemExit):
+        parity.parse_args(["--modes", "sync", "--mode-override", "carry", "a.b=1"])  # no run of that label
+    # A carry-over step trains the groups that finished: 3, then 5 groups of n = 4 samples; plain steps 8 x 4.
+    rows = [{"step": 0, "val/x": 0.1}, {"step": 1, parity.SCORE: 0.2, "tail/num_groups": 3.0, parity.LENGTH: 9.0},
+            {"step": 2, parity.SCORE: 0.3, "tail/num_groups": 5.0, parity.LENGTH: 7.0}]  # fmt: skip
+    points = parity.curve(rows, samples_per_step=32, n=4)
+    assert [p["samples"] for p in points] == [0, 12, 32]
+    assert [p.get("response_length") for p in points] == [None, 9.0, 7.0]
+    assert [p["samples"] for p in parity.curve([{"step": 1, parity.SCORE: 0.5}], 32, 4)] == [32]

@@ -5,7 +5,14 @@ Each mode is a full `nonstop train` run of the given config (the embedded defaul
 one or more updates old; the question is whether they still reach sync's reward within the same number of samples.
 Written to `--out` (a directory): `parity.json` (per mode and step: samples so far, `critic/score/mean`, every
 numeric `val/*` score, step time), each mode's `metrics.jsonl`, and `parity.png` (reward and validation score
-against samples). The printed table ends with each mode's mean reward over its last `--last` steps beside sync's.
+against samples, and the mean trained response length per step). The printed table ends with each mode's mean
+reward over its last `--last` steps beside sync's. A run may be labelled, `LABEL=MODE` in `--modes`, to compare a
+variant of a mode (its keys through `--mode-override LABEL ...`), e.g. sync with the carry-over of the long tail:
+
+    nonstop bench parity --modes sync,carry=sync --mode-override carry actor_rollout_ref.rollout.tail.enable=True \
+        algorithm.rollout_correction.rollout_is=token
+
+Samples trained count each step's batch; a carry-over step trains the groups that finished (`tail/num_groups`).
 
     nonstop bench parity --steps 20 --mode-override async async_training.max_staleness=2 \\
         algorithm.rollout_correction.rollout_is=token
@@ -28,21 +35,32 @@ from nonstop.profiling.timeline import read_jsonl
 
 MODES = ("sync", "one_step_off", "async")
 SCORE = "critic/score/mean"
+LENGTH = "response_length/mean"
 
 
 def mode_override(values: list[str]) -> list[str]:
     """`--mode-override MODE KEY=VALUE ...`: a mode, then at least one override."""
-    if len(values) < 2 or values[0] not in MODES or any("=" not in v for v in values[1:]):
+    if len(values) < 2 or "=" in values[0] or any("=" not in v for v in values[1:]):
         raise argparse.ArgumentTypeError(
-            f"--mode-override takes a mode ({', '.join(MODES)}) then KEY=VALUE overrides; got {' '.join(values)!r}"
+            f"--mode-override takes a run (a mode of {', '.join(MODES)}, or a LABEL of --modes) then KEY=VALUE "
+            f"overrides; got {' '.join(values)!r}"
         )
     return values
+
+
+def run_modes(text: str) -> dict[str, str]:
+    """`--modes`: label -> trainer.mode, from `MODE` or `LABEL=MODE` entries."""
+    runs = {}
+    for entry in text.split(","):
+        label, _, mode = entry.rpartition("=")
+        runs[label or mode] = mode
+    return runs
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="nonstop bench parity", description=__doc__.split("\n")[0])
     p.add_argument("--config", default=None, help="a run config (YAML); default: the embedded default run")
-    p.add_argument("--modes", default=",".join(MODES), help="comma list of trainer.mode values")
+    p.add_argument("--modes", default=",".join(MODES), help="comma list of trainer.mode values or LABEL=MODE runs")
     p.add_argument("--steps", type=int, default=12, help="training steps per mode")
     p.add_argument("--last", type=int, default=3, help="steps averaged for the closing comparison")
     p.add_argument(
@@ -61,20 +79,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.mode_override = [mode_override(v) for v in args.mode_override]
     except argparse.ArgumentTypeError as e:
         p.error(str(e))
-    args.modes = args.modes.split(",")
-    unknown = [m for m in args.modes if m not in MODES]
+    args.modes = run_modes(args.modes)
+    unknown = [m for m in args.modes.values() if m not in MODES]
     if unknown:
         p.error(f"--modes: unknown mode(s) {unknown}; choose from {', '.join(MODES)}")
+    stray = [name for name, *_ in args.mode_override if name not in args.modes]
+    if stray:
+        p.error(f"--mode-override: {stray} not among the runs of --modes ({', '.join(args.modes)})")
     if args.steps < 1 or args.last < 1:
         p.error(f"--steps and --last must be >= 1, got {args.steps} and {args.last}")
     return args
 
 
-def mode_overrides(mode: str, run_dir: Path, args: argparse.Namespace) -> list[str]:
-    per_mode = [kv for name, *kvs in args.mode_override if name == mode for kv in kvs]
+def mode_overrides(label: str, run_dir: Path, args: argparse.Namespace) -> list[str]:
+    per_mode = [kv for name, *kvs in args.mode_override if name == label for kv in kvs]
     return [
         *args.override,
-        f"trainer.mode={mode}",
+        f"trainer.mode={args.modes[label]}",
         f"trainer.total_training_steps={args.steps}",
         f"trainer.default_local_dir={run_dir}",
         "trainer.resume_mode=disable",
@@ -83,15 +104,21 @@ def mode_overrides(mode: str, run_dir: Path, args: argparse.Namespace) -> list[s
     ]
 
 
-def curve(rows: list[dict[str, Any]], samples_per_step: int) -> list[dict[str, Any]]:
+def curve(rows: list[dict[str, Any]], samples_per_step: int, n: int = 1) -> list[dict[str, Any]]:
     """One point per logged step (validation-only rows, e.g. before training at step 0, included): samples trained
-    by the end of that step, the training reward, every numeric `val/*` value, the step time."""
-    points = []
+    by the end of that step (`samples_per_step` a step, or `tail/num_groups` x `n` where a step logs it), the
+    training reward and mean response length, every numeric `val/*` value, the step time."""
+    points, samples = [], 0
     for row in rows:
         step = int(row["step"])
-        point: dict[str, Any] = {"step": step, "samples": step * samples_per_step}
+        if row.get(SCORE) is not None:
+            groups = row.get("tail/num_groups")
+            samples += int(groups * n) if groups is not None else samples_per_step
+        point: dict[str, Any] = {"step": step, "samples": samples}
         if row.get(SCORE) is not None:
             point["reward"] = row[SCORE]
+        if row.get(LENGTH) is not None:
+            point["response_length"] = row[LENGTH]
         if row.get("timing_s/step") is not None:
             point["step_s"] = row["timing_s/step"]
         point.update({k: v for k, v in row.items() if k.startswith("val/") and isinstance(v, int | float)})
@@ -118,14 +145,15 @@ def run_mode(mode: str, work: Path, args: argparse.Namespace) -> list[dict[str, 
             f"{mode}: the config trains on {num_ranks} ranks (trainer.n_gpus_per_node x trainer.nnodes); "
             "nonstop bench parity runs one process: give a one-rank config"
         )
-    samples_per_step = config.data.train_batch_size * config.actor_rollout_ref.rollout.n
+    n = config.actor_rollout_ref.rollout.n
+    samples_per_step = config.data.train_batch_size * n
     trainer = build_trainer(config, console=False)
     try:
         trainer.fit()
     finally:
         trainer.close()
     shutil.copyfile(run_dir / "metrics.jsonl", Path(args.out) / f"{mode}.metrics.jsonl")
-    return curve(read_jsonl(run_dir / "metrics.jsonl"), samples_per_step)
+    return curve(read_jsonl(run_dir / "metrics.jsonl"), samples_per_step, n)
 
 
 def table(curves: dict[str, list[dict[str, Any]]], last: int) -> str:
@@ -155,19 +183,24 @@ def plot(curves: dict[str, list[dict[str, Any]]], path: Path) -> Path | None:
         print(f"{e}: no {path.name}", file=sys.stderr)
         return None
     val_keys = sorted({k for points in curves.values() for p in points for k in p if k.startswith("val/")})
-    fig, axes = plt.subplots(1, 1 + bool(val_keys), figsize=(11 if val_keys else 6, 4), squeeze=False)
+    fig, axes = plt.subplots(1, 2 + bool(val_keys), figsize=(16 if val_keys else 11, 4), squeeze=False)
     for mode, points in curves.items():
         train = [(p["samples"], p["reward"]) for p in points if "reward" in p]
         axes[0][0].plot(*zip(*train, strict=True), marker=".", label=mode)
+        lengths = [(p["step"], p["response_length"]) for p in points if "response_length" in p]
+        if lengths:
+            axes[0][-1].plot(*zip(*lengths, strict=True), marker=".", label=mode)
         for key in val_keys[:1]:
             val = [(p["samples"], p[key]) for p in points if key in p]
             if val:
                 axes[0][1].plot(*zip(*val, strict=True), marker="o", label=mode)
     axes[0][0].set(xlabel="samples trained", ylabel=SCORE, title="training reward")
+    axes[0][-1].set(xlabel="step", ylabel=LENGTH, title="mean trained response length")
     if val_keys:
         axes[0][1].set(xlabel="samples trained", ylabel=val_keys[0], title="validation")
         axes[0][1].legend()
     axes[0][0].legend()
+    axes[0][-1].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
