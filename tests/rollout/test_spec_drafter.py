@@ -147,8 +147,7 @@ def test_auto_probes_the_other_way_every_so_often():
 
 def test_a_probe_verifies_while_no_verify_step_was_timed():
     """A warm-up whose verify launches all captured CUDA graphs leaves no verify time, and its rejections can pull every
-    gain below MIN_GAIN: then only probes draft, and a probe must verify, or the rule never measures a verify step
-    (the H200 bench of GSM8K ran no verify step in any timed case that way)."""
+    gain below MIN_GAIN: then only probes draft, and a probe must verify, or the rule never measures a verify step."""
     p = policy()
     p.decoded(num_steps=8, wall_s=8.0)
     for _ in range(8):

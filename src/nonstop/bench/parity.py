@@ -115,12 +115,9 @@ def curve(rows: list[dict[str, Any]], samples_per_step: int, n: int = 1) -> list
             groups = row.get("tail/num_groups")
             samples += int(groups * n) if groups is not None else samples_per_step
         point: dict[str, Any] = {"step": step, "samples": samples}
-        if row.get(SCORE) is not None:
-            point["reward"] = row[SCORE]
-        if row.get(LENGTH) is not None:
-            point["response_length"] = row[LENGTH]
-        if row.get("timing_s/step") is not None:
-            point["step_s"] = row["timing_s/step"]
+        for name, key in (("reward", SCORE), ("response_length", LENGTH), ("step_s", "timing_s/step")):
+            if row.get(key) is not None:
+                point[name] = row[key]
         point.update({k: v for k, v in row.items() if k.startswith("val/") and isinstance(v, int | float)})
         points.append(point)
     return points

@@ -100,7 +100,7 @@ def nonstop_overrides(args: argparse.Namespace, model_dir: Path, val_file: Path,
         else []
     )
     # Runs sharing a GPU (`--jobs` > 1) get a fixed token budget per micro-batch: the one nonstop sizes from free
-    # memory when none is set would take what the other runs need (TRL's ran out of memory that way).
+    # memory when none is set would take what the other runs need.
     shared = (
         []
         if args.jobs == 1
