@@ -100,7 +100,7 @@ def policy(rule="auto", max_draft=4) -> DraftPolicy:
 
 def test_always_verifies_every_draft_at_full_length():
     p = policy("always")
-    assert p.draft_length(7) == 4 and p.should_verify([7, 8], [0, 1]) and not p.should_verify([7, 8], [0, 0])
+    assert p.draft_lengths([7]) == [4] and p.should_verify([7, 8], [0, 1]) and not p.should_verify([7, 8], [0, 0])
 
 
 def test_auto_verifies_while_the_expected_tokens_beat_the_measured_cost():
@@ -125,7 +125,7 @@ def test_a_verify_step_that_captured_a_graph_teaches_acceptance_but_not_cost():
     p = policy()
     p.decoded(num_steps=8, wall_s=8.0)
     p.verified([1], [4], [4], wall_s=None)
-    assert p.cost_ratio() is None and p.gain[1] == pytest.approx(1.0 + DECAY * 3) and p.draft_length(1) == 4
+    assert p.cost_ratio() is None and p.gain[1] == pytest.approx(1.0 + DECAY * 3) and p.draft_lengths([1]) == [4]
     p.verified([1], [4], [2], wall_s=1.5)
     assert p.cost_ratio() == pytest.approx(1.5)
 
@@ -136,7 +136,7 @@ def test_auto_probes_the_other_way_every_so_often():
     p.verify_times.extend([10.0] * 4)  # verifying never pays
     decisions = []
     for _ in range(2 * PROBE_EVERY + 2):
-        verify = p.should_verify([1], [4])
+        verify = p.may_verify([1]) and p.should_verify([1], [4])
         decisions.append(verify)
         if verify:
             p.verified([1], [4], [0], wall_s=10.0)
@@ -152,12 +152,13 @@ def test_a_probe_verifies_while_no_verify_step_was_timed():
     p.decoded(num_steps=8, wall_s=8.0)
     for _ in range(8):
         p.verified([1], [4], [0], wall_s=None)  # captured: acceptance learnt, no cost
-    assert p.global_gain < MIN_GAIN and p.cost_ratio() is None and p.draft_length(2) == 0
+    assert p.global_gain < MIN_GAIN and p.cost_ratio() is None and p._gated_length(2) == 0
     probe_at = PROBE_EVERY - p.steps_since_probe  # the steps before the next probe
     decisions = []
     for _ in range(probe_at + 2):
-        lengths = [p.draft_length(2)]
-        verify = p.should_verify([2], lengths)
+        asked = p.may_verify([2])
+        lengths = p.draft_lengths([2])
+        verify = asked and p.should_verify([2], lengths)
         decisions.append(verify)
         if verify:
             p.verified([2], lengths, [3], wall_s=1.0)
@@ -167,19 +168,41 @@ def test_a_probe_verifies_while_no_verify_step_was_timed():
     assert decisions == [False] * probe_at + [True, True] and p.cost_ratio() == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize("verify_cost", [0.8, 3.0])
+def test_a_probe_drafts_for_sequences_below_min_gain(verify_cost):
+    """Once every gain fell below MIN_GAIN no sequence drafts on merit, so the rule says plain whatever the cost; a
+    probe must then draft for all of them and verify, or the gains could never rise again; and reading the step in
+    flight, which times a plain step, must not undo the probe between asking and drafting."""
+    p = policy()
+    p.plain_times.extend([1.0] * 4)
+    p.verify_times.extend([verify_cost] * 4)
+    p.global_gain = 0.03
+    p.gain[1], p.cap[1] = 0.0, 2
+    decisions = []
+    for _ in range(PROBE_EVERY + 1):
+        asked = p.may_verify([1, 2])
+        lengths = p.draft_lengths([1, 2])
+        p.decoded(num_steps=1, wall_s=1.0)  # the engine reads the step in flight between asking and drafting
+        verify = asked and p.should_verify([1, 2], lengths)
+        decisions.append((verify, lengths))
+        if verify:
+            p.verified([1, 2], lengths, [0, 0], wall_s=verify_cost)
+    assert decisions[:-1] == [(False, [0, 0])] * PROBE_EVERY and decisions[-1] == (True, [2, 4])
+
+
 def test_draft_lengths_follow_each_sequences_outcomes():
     p = policy(max_draft=8)
     p.verified([1, 2, 3], [4, 4, 4], [4, 1, 0], wall_s=1.0)
-    assert (p.draft_length(1), p.draft_length(2)) == (6, 2)  # all kept: +2; rejected at 1: 1 + 1
+    assert p.draft_lengths([1, 2]) == [6, 2]  # all kept: +2; rejected at 1: 1 + 1
     assert p.gain[3] == pytest.approx(1.0 - DECAY)
     for _ in range(5):
         p.verified([3], [1], [0], wall_s=1.0)
-    assert p.draft_length(3) == 0  # its drafts stopped paying
+    assert p.draft_lengths([3]) == [0]  # its drafts stopped paying
     p.forget([1, 2, 3])
     assert not p.gain and not p.cap
     # A new sequence starts from everyone's mean, which those failures pulled below the threshold too.
     assert p.global_gain == pytest.approx((1 + DECAY * (5 / 3 - 1)) * (1 - DECAY) ** 5) and p.global_gain < MIN_GAIN
-    assert p.draft_length(1) == 0
+    assert p.draft_lengths([1]) == [0]
 
 
 def test_the_offline_replay_counts_what_verify_steps_keep():

@@ -11,8 +11,8 @@ the batch sizes where it drafts), so the rule needs no constant measured elsewhe
 `MIN_GAIN` drafts nothing (its row decodes as in a plain step; probes aside), and a drafting sequence's draft
 length follows its last outcome: a fully accepted draft lets the next one grow by two, a rejection at position a
 caps it at a + 1. Every `PROBE_EVERY`-th step in the drafting range does the other thing once (verify while the rule
-says plain, plain while it says verify), so both times and the acceptance stay current, at a bounded cost; while no
-verify step has been timed, a step with drafts verifies.
+says plain, with every sequence drafting, those below `MIN_GAIN` too; plain while it says verify), so both times and
+the acceptance stay current, at a bounded cost; while no verify step has been timed, a step with drafts verifies.
 
 `always` verifies every step that has a draft, at full length: for tests and for measuring acceptance.
 """
@@ -41,14 +41,20 @@ class DraftPolicy:
         self.verify_times: deque[float] = deque(maxlen=TIMES_KEPT)
         self.plain_times: deque[float] = deque(maxlen=TIMES_KEPT)
         self.steps_since_probe = 0
+        self.probing = False  # this step probes (decided once per step, by may_verify)
 
-    def draft_length(self, seq_id: int) -> int:
-        """The draft length the sequence gets if the step verifies (0: none)."""
+    def draft_lengths(self, seq_ids: list[int]) -> list[int]:
+        """The draft length each sequence gets if the step verifies (0: none). A probe towards verifying drafts for
+        every sequence, gains below MIN_GAIN included: only a verify step can raise them again."""
         if self.always:
-            return self.max_draft
-        if self.gain.get(seq_id, self.global_gain) < MIN_GAIN and not self._probing():
-            return 0
-        return self.cap.get(seq_id, self.max_draft)
+            return [self.max_draft] * len(seq_ids)
+        gated = [self._gated_length(s) for s in seq_ids]
+        if self.probing and not self._verifies_on_merit(seq_ids, gated):
+            return [self.cap.get(s, self.max_draft) for s in seq_ids]
+        return gated
+
+    def _gated_length(self, seq_id: int) -> int:
+        return 0 if self.gain.get(seq_id, self.global_gain) < MIN_GAIN else self.cap.get(seq_id, self.max_draft)
 
     def expected_gain(self, seq_ids: list[int], draft_lengths: list[int]) -> float:
         """Mean accepted tokens per sequence a verify step with these draft lengths is expected to add."""
@@ -61,31 +67,36 @@ class DraftPolicy:
             return None
         return statistics.median(self.verify_times) / max(statistics.median(self.plain_times), 1e-9)
 
-    def should_verify(self, seq_ids: list[int], draft_lengths: list[int]) -> bool:
-        """Whether a step with these drafts verifies (`draft_lengths` all 0: never)."""
+    def _verifies_on_merit(self, seq_ids: list[int], draft_lengths: list[int]) -> bool:
         if not any(draft_lengths):
             return False
-        if self.always:
-            return True
         ratio = self.cost_ratio()
-        if ratio is None:
-            # No verify step has been timed yet (or only ones that captured a graph): verify, to measure it. A probe
-            # must not turn this into "plain", or a rule whose gains fell below MIN_GAIN could never time one.
+        # No verify step timed yet (or only ones that captured a graph): verify, to measure one.
+        return ratio is None or 1 + self.expected_gain(seq_ids, draft_lengths) >= ratio
+
+    def should_verify(self, seq_ids: list[int], draft_lengths: list[int]) -> bool:
+        """Whether a step with these drafts (`draft_lengths`, as proposed; all 0: never) verifies. A probe does the
+        opposite of what the rule would decide for the sequences' own draft lengths."""
+        if not any(draft_lengths):
+            return False
+        if self.always or self.cost_ratio() is None:
             return True
-        return (1 + self.expected_gain(seq_ids, draft_lengths) >= ratio) != self._probing()
+        if self.probing:
+            return not self._verifies_on_merit(seq_ids, [self._gated_length(s) for s in seq_ids])
+        return self._verifies_on_merit(seq_ids, draft_lengths)
 
     def may_verify(self, seq_ids: list[int]) -> bool:
-        """Before the drafts exist: whether some draft could make the step verify (the engine then reads the step in
-        flight to draft from every token)."""
-        return self.should_verify(seq_ids, [self.draft_length(s) for s in seq_ids])
-
-    def _probing(self) -> bool:
-        return self.steps_since_probe >= PROBE_EVERY
+        """Once per step in the drafting range, before the drafts exist: whether some draft could make the step verify
+        (the engine then reads the step in flight to draft from every token). Decides here whether the step probes, so
+        that reading the step in flight cannot change the decision between this call and the drafts."""
+        self.probing = self.steps_since_probe >= PROBE_EVERY
+        self.steps_since_probe = 0 if self.probing else self.steps_since_probe + 1
+        return self.should_verify(seq_ids, self.draft_lengths(seq_ids))
 
     def verified(self, seq_ids: list[int], drafts: list[int], accepted: list[int], wall_s: float | None) -> None:
         """A verify step's outcome: per sequence its draft length and accepted tokens; its wall time (None: not a
         step's time, e.g. it captured a CUDA graph)."""
-        self._step(verify=True, wall_s=wall_s)
+        self._record_time(verify=True, wall_s=wall_s)
         gain, cap = self.gain, self.cap
         for seq_id, k, a in zip(seq_ids, drafts, accepted, strict=True):
             old = gain.get(seq_id, self.global_gain)
@@ -96,12 +107,11 @@ class DraftPolicy:
 
     def decoded(self, num_steps: int, wall_s: float) -> None:
         """A plain decode launch of `num_steps` steps, in the drafting range, took `wall_s`."""
-        self._step(verify=False, wall_s=wall_s / num_steps)
+        self._record_time(verify=False, wall_s=wall_s / num_steps)
 
-    def _step(self, verify: bool, wall_s: float | None) -> None:
+    def _record_time(self, verify: bool, wall_s: float | None) -> None:
         if wall_s is not None:
             (self.verify_times if verify else self.plain_times).append(wall_s)
-        self.steps_since_probe = 0 if self._probing() else self.steps_since_probe + 1
 
     def forget(self, seq_ids: list[int]) -> None:
         for seq_id in seq_ids:

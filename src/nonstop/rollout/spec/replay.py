@@ -75,8 +75,9 @@ def replay(
     while running:
         stats.steps += 1
         ids = [s.seq_id for s in running]
-        wanted = [min(policy.draft_length(s.seq_id), len(truth[s.seq_id]) - s.num_output_tokens - 1) for s in running]
         verify = len(running) <= config.disable_by_batch_size and policy.may_verify(ids)
+        limits = [len(truth[s.seq_id]) - s.num_output_tokens - 1 for s in running]
+        wanted = [min(k, limit) for k, limit in zip(policy.draft_lengths(ids), limits, strict=True)]
         drafts = drafter.propose(running, [group_of[s.seq_id] for s in running], wanted) if verify else []
         lengths = [min(len(d), k) for d, k in zip(drafts, wanted, strict=True)] if verify else []
         if verify and policy.should_verify(ids, lengths):

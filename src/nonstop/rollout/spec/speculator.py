@@ -55,9 +55,10 @@ class Speculator:
         and the host seconds drafting took."""
         start = time.perf_counter()
         policy, seqs = self.policy, list(scheduler.running)
-        wanted = [max(0, min(policy.draft_length(s.seq_id), s.max_num_tokens - len(s.token_ids) - 1)) for s in seqs]
-        proposed = self.drafter.propose(seqs, list(map(group_of, seqs)), wanted)
         seq_ids = [s.seq_id for s in seqs]
+        lengths = policy.draft_lengths(seq_ids)
+        wanted = [max(0, min(k, s.max_num_tokens - len(s.token_ids) - 1)) for s, k in zip(seqs, lengths, strict=True)]
+        proposed = self.drafter.propose(seqs, list(map(group_of, seqs)), wanted)
         drafts = {seq_id: list(d[:k]) for seq_id, d, k in zip(seq_ids, proposed, wanted, strict=True) if d and k}
         verify = policy.should_verify(seq_ids, [len(drafts.get(s, ())) for s in seq_ids])
         return (drafts if verify else None), time.perf_counter() - start
