@@ -222,3 +222,16 @@ def test_runs_sharing_a_gpu_get_a_fixed_micro_batch_budget(planned):
     budget_keys = [o for o in shared if o not in alone]
     config, grpo = grpo_config(plan, work, **dict(o.split("=", 1) for o in budget_keys))
     assert config.actor_rollout_ref.actor.use_dynamic_bsz and all(row["equal"] for row in matched_pairs(config, grpo))
+
+
+def test_a_side_cut_short_is_compared_over_the_steps_every_run_reached():
+    """A budget stopped TRL after step 3 of 4: nonstop's last steps are taken up to step 3 too, or its step 4 would
+    meet TRL's lower step 1."""
+    ours = {0: _points([0.1, 0.5, 0.6, 0.7]), 1: _points([0.3, 0.5, 0.8, 0.7])}
+    theirs = {0: _points([0.2, 0.3, 0.5]), 1: _points([0.2, 0.5, 0.5])}
+    result = report.compare({"nonstop": ours, "trl": theirs}, {}, last=2)
+    # Steps 2-3: nonstop seeds 0.55, 0.65 (mean 0.60); TRL 0.40, 0.50 (mean 0.45, std 0.0707).
+    check = result["check_last_steps"]
+    assert result["last_steps_end"] == 3
+    assert check["nonstop"] == pytest.approx(0.60) and check["trl"] == pytest.approx(0.45) and check["passed"]
+    assert "last 2 steps up to step 3, the last every run reached, trl: 0.450" in report.table(result, last=2)

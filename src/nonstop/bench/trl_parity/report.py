@@ -1,8 +1,9 @@
 """The comparison `nonstop bench trl-parity` reports: per side, the reward curve over seeds (mean and std at each
 step), held-out greedy scores, training seconds, and the checks of issue 27.
 
-- last steps: each seed's mean reward over the last `last` steps; nonstop passes when the mean over its seeds is at
-  least TRL's mean minus two of TRL's seed standard deviations (within two std, or better).
+- last steps: each seed's mean reward over the last `last` steps (up to the last step every run reached, when a
+  budget cut some short); nonstop passes when the mean over its seeds is at least TRL's mean minus two of TRL's seed
+  standard deviations (within two std, or better).
 - overlap: at each step the bands (mean ± one std over seeds) of the two sides intersect; passes when they do at
   >= `OVERLAP_MIN` of the steps (for two samples of one distribution the bands miss at about one step in twenty).
 - time to TRL's final reward: the final reward is TRL's last-steps mean; each side's time is its training seconds
@@ -85,8 +86,12 @@ def band(per_seed: dict[int, list], key: str) -> list[dict[str, float]]:
     return rows
 
 
-def last_steps(per_seed: dict[int, list], last: int) -> dict[str, Any]:
-    means = [statistics.fmean([p["reward"] for p in pts if "reward" in p][-last:]) for pts in per_seed.values()]
+def last_steps(per_seed: dict[int, list], last: int, end: int | None = None) -> dict[str, Any]:
+    """Each seed's mean reward over its last `last` steps up to step `end` (None: its last)."""
+    means = [
+        statistics.fmean([p["reward"] for p in pts if "reward" in p and (end is None or p["step"] <= end)][-last:])
+        for pts in per_seed.values()
+    ]
     mean, std = _mean_std(means)
     return {"mean": mean, "std": std, "per_seed": means}
 
@@ -111,7 +116,11 @@ def compare(curves: dict[str, dict[int, list]], timing: dict[str, dict[int, list
     result: dict[str, Any] = {"bands": {side: band(per_seed, "reward") for side, per_seed in curves.items()}}
     val_keys = sorted({k for per in curves.values() for pts in per.values() for p in pts for k in p if k[:4] == "val/"})
     result["val_bands"] = {k: {side: band(per, k) for side, per in curves.items()} for k in val_keys}
-    result["last_steps"] = {side: last_steps(per_seed, last) for side, per_seed in curves.items()}
+    # A run cut short (the budget) is compared over the steps every run reached: the last steps of a longer run would
+    # meet earlier, lower-reward steps of the shorter one.
+    end = min((max((r["step"] for r in rows), default=0) for rows in result["bands"].values()), default=0)
+    result["last_steps_end"] = end
+    result["last_steps"] = {side: last_steps(per_seed, last, end) for side, per_seed in curves.items()}
     # Step 1 samples the starting model on both sides: its reward and lengths should agree within the seeds' spread.
     result["first_step"] = {
         side: {key: band(per_seed, key)[:1] for key in ("reward", "response_length")}
@@ -175,8 +184,10 @@ def table(result: dict[str, Any], last: int, every: int = 1) -> str:
     for side, first in result["first_step"].items():
         cells = [f"{key} {rows[0]['mean']:.3f} ± {rows[0]['std']:.3f}" for key, rows in first.items() if rows]
         lines.append(f"step 1 (the starting model's samples), {side}: " + ", ".join(cells))
+    end = result.get("last_steps_end")
+    cut = f" up to step {end}, the last every run reached" if end and end < max(steps, default=0) else ""
     for side, summary in result["last_steps"].items():
-        lines.append(f"last {last} steps, {side}: {summary['mean']:.3f} ± {summary['std']:.3f} over seeds")
+        lines.append(f"last {last} steps{cut}, {side}: {summary['mean']:.3f} ± {summary['std']:.3f} over seeds")
     if "check_last_steps" in result:
         c = result["check_last_steps"]
         verdict = "PASS" if c["passed"] else "FAIL"
