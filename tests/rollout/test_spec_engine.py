@@ -142,3 +142,26 @@ def test_max_tokens_reached_mid_draft(llama):
     assert samples(out) == samples(plain) and all(len(t) == 5 for t in samples(out))
     # Eight draft tokens wanted, three fit before max_tokens (the fourth token is the verify step's own).
     assert all(len(d) == 3 for _, _, d in drafter.drafts) and llm.stats.num_verify_steps == 1
+
+
+def test_a_pipelined_plain_step_is_timed_by_its_period_not_its_latency(llama, monkeypatch):
+    """Under async scheduling a plain step is read one call after its launch, behind the next launch: launch to read
+    spans two steps. The draft rule weighs a verify step (launched and read in one call) against a plain step's
+    cost, so that cost must be the pipeline's period. A fake clock makes each launch take exactly 1 s."""
+    _, model = llama
+    llm = speculative_llm(model, speculative_config={"draft_rule": "auto"}, block_size=4)
+    engine = llm.llm_engine
+    clock = [0.0]
+    monkeypatch.setattr("nonstop.rollout.llm_engine.time.perf_counter", lambda: clock[0])
+    launch = engine.model_runner.launch
+
+    def launch_one_second(batch):
+        clock[0] += 1.0
+        return launch(batch)
+
+    monkeypatch.setattr(engine.model_runner, "launch", launch_one_second)
+    policy = engine.speculator.policy
+    monkeypatch.setattr(policy, "may_verify", lambda seq_ids: False)  # plain steps only, all pipelined
+    llm.generate(random_prompts([6, 11], seed=2), SamplingParams(n=2, temperature=0.0, max_tokens=20, ignore_eos=True))
+    assert engine.scheduler.stats.num_spec_range_steps > 10
+    assert list(policy.plain_times) == [1.0] * len(policy.plain_times) and len(policy.plain_times) == 8

@@ -50,7 +50,7 @@ class _InFlight:
     sampled: SampledStep
     rows: SampledRows  # per sample row: the sequence and the index of its placeholder
     # A plain decode launch in speculative decoding's drafting range: its decode steps and when it was launched (the
-    # draft rule weighs a verify step against it, launch to read back).
+    # draft rule weighs a verify step against it; see LLMEngine._process_in_flight).
     timed_steps: int = 0
     launched_at: float = 0.0
 
@@ -86,6 +86,7 @@ class LLMEngine:
         self.rng = random.Random(args.seed)
         self.requests: dict[str, _Request] = {}
         self.in_flight: _InFlight | None = None
+        self.last_read_at = 0.0  # when the host last read a step's tokens (a plain step's cost is timed from then)
         # Requests that finished while `abort_request` drained the step in flight: returned by the next `step`.
         self.ready: list[RequestOutput] = []
         # Open `stats_window`s: each gets one entry per `step()`, the doctor's evidence for the long tail and KV
@@ -202,15 +203,16 @@ class LLMEngine:
             else:
                 # A verify step's outcome decides what the next step computes: read now.
                 result = self.scheduler.postprocess(batch, *sampled.read())
+                self.last_read_at = time.perf_counter()
                 if timed:
-                    self._timed_plain(batch.num_scheduler_steps, time.perf_counter() - launched_at)
+                    self._timed_plain(batch.num_scheduler_steps, self.last_read_at - launched_at)
                 outputs += self._finished_outputs(result.finished)
             self.model_runner.copy_blocks(result.block_copies)
             for child in result.forked:
                 self.requests[child.request_id].seqs.append(child)
                 self.stop_strings.add(child)
         # The previous step's host work, while the device runs the one just launched.
-        outputs += self._process_in_flight()
+        outputs += self._process_in_flight(pipelined=bool(batch.seqs))
         self.in_flight = launched
         if not self.requests:
             # Every request is done: what is still in flight was computed past their ends; drop it now rather than
@@ -232,24 +234,31 @@ class LLMEngine:
             stats.decode_time_s += elapsed
         return outputs
 
-    def _timed_plain(self, num_steps: int, wall_s: float) -> None:
-        """A plain decode launch in the drafting range, from its launch to its tokens' arrival: under async
-        scheduling the period of a pipelined step, since the next launch went in before the read."""
+    def _timed_plain(self, num_steps: int, wall_s: float, learn: bool = True) -> None:
+        """A plain decode launch in the drafting range took `wall_s`; `learn`: a step time the draft rule weighs."""
         stats = self.scheduler.stats
         stats.num_spec_range_steps += num_steps
         stats.spec_plain_time_s += wall_s
-        self.speculator.policy.decoded(num_steps, wall_s)
+        if learn:
+            self.speculator.policy.decoded(num_steps, wall_s)
 
     def _group(self, seq: Sequence) -> list[Sequence]:
         return self.requests[seq.request_id].seqs
 
-    def _process_in_flight(self) -> list[RequestOutput]:
+    def _process_in_flight(self, pipelined: bool = False) -> list[RequestOutput]:
+        """Reads the step in flight and updates the sequences. `pipelined`: another step was launched behind it; only
+        such a read teaches the draft rule a plain step's time: from when the device could start it (its launch, or the
+        previous step's end, about the previous read, when that came later) to its read, i.e. the pipeline's period.
+        Launch to read would span the next launch too; a read with nothing behind it (drafts wanted, the end of a
+        batch) has no period."""
         in_flight, self.in_flight = self.in_flight, None
         if in_flight is None:
             return []
         sampled = in_flight.sampled.read()
+        previous_read, self.last_read_at = self.last_read_at, time.perf_counter()
         if in_flight.timed_steps:
-            self._timed_plain(in_flight.timed_steps, time.perf_counter() - in_flight.launched_at)
+            wall_s = self.last_read_at - max(in_flight.launched_at, previous_read)
+            self._timed_plain(in_flight.timed_steps, wall_s, learn=pipelined)
         finished = self.scheduler.update(in_flight.rows, *sampled)
         return self._finished_outputs(finished)
 
