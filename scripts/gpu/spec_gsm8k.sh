@@ -25,7 +25,7 @@ TRAIN=(python3 -m nonstop train examples/gsm8k_smollm2.yaml data.train_files=/tm
 [ -n "${SKIP_TESTS:-}" ] || gpu_test tests 150 tests/rollout/test_spec_gpu.py $(ls tests/kernels/test_paged_verify*.py 2>/dev/null)
 
 t bench_untrained 180 python3 -m nonstop bench spec --model "$MODEL" --data "$DATA/train.jsonl" \
-  --temperatures 0.6,1.0 --prompts 1,8,32 --repeats 2 --out "$OUT/bench_untrained.json"
+  --temperatures 0.6,1.0 --prompts 1,8,32 --repeats 3 --out "$OUT/bench_untrained.json"
 
 RUN=/tmp/runs/spec_train
 t train 240 "${TRAIN[@]}" actor_rollout_ref.model.path="$MODEL" trainer.total_training_steps="$STEPS" \

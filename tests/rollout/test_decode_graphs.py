@@ -107,3 +107,16 @@ def test_padding_rows_sample_nothing_anyone_reads(model):
     assert {shape.num_rows for shape in graphs.replayed} == {1, 4}
     t: SamplingTensors = runner._sampling_tensors(graphs.replayed[-1], 0, runner.buffers.dev, runner.stop_mask_RV)
     assert t.temperature_N[1:].tolist() == [0.0] * 3 and t.top_p_N[1:].tolist() == [1.0] * 3
+
+
+def test_captures_are_counted_in_the_call_that_made_them(model):
+    """`rollout/graph_captures` counts the shapes a call captured (a run's one-off cost); a second call with the same
+    shapes replays them all and reports none."""
+    prompts = random_prompts([5, 9, 3], seed=1)
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (3, 6, 9)]
+    llm, graphs, _ = with_graphs(LLM(model, block_size=4, max_num_seqs=4))
+    llm.generate(prompts, params)
+    first = llm.metrics
+    assert first["rollout/graph_captures"] == len(graphs.graphs) >= 2 and first["rollout/graph_capture_s"] > 0
+    llm.generate(prompts, params)
+    assert "rollout/graph_captures" not in llm.metrics and len(graphs.graphs) == first["rollout/graph_captures"]

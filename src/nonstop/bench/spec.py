@@ -6,9 +6,10 @@ same seeds `--repeats` times on each side, interleaved after a warm-up of each: 
 configured rule, the history of earlier responses cleared before each run: a prompt seen for the first time) and
 spec+history (the previous repeat's responses kept, as when a prompt returns in a later epoch). Reported: median
 generation wall time per side, the speed-up, acceptance rate, tokens per sequence per verify step, verify steps as
-a share of the drafting range's decode steps, the host time drafting took, and how many samples equal plain's (all,
-where verify and decode compute bit-identical logits; bf16 kernels may differ in the last bit, and a sample that
-draws another token there continues differently, as exactly distributed).
+a share of the drafting range's decode steps, the host time drafting took, the seconds CUDA-graph captures took
+inside the timed runs (plain / spec / spec+history: a new launch shape's one-off cost), and how many samples equal
+plain's (all, where verify and decode compute bit-identical logits; bf16 kernels may differ in the last bit, and a
+sample that draws another token there continues differently, as exactly distributed).
 
 `--offline` (any device, CPU included): plain generations only, then the drafter and the rule replayed over them
 (rollout/spec/replay.py; exact, since the tokens a verify step keeps are the plain tokens): acceptance, tokens per
@@ -99,10 +100,11 @@ def run_online(llm: LLM, prompts, args, temperature: float) -> dict:
     history = speculator.drafter.history
     sides = {"plain": [], "spec": [], "spec_history": []}
     spec_metrics, history_metrics, identical = [], [], []
+    captures = {side: [] for side in sides}  # seconds of CUDA-graph captures inside each timed run
     for repeat in range(args.repeats + 1):  # the first round warms up (graph captures, autotuning)
         params = sampling(args, temperature, len(prompts), seed=repeat)
         engine.speculator = None
-        plain, plain_s, _ = timed_generate(llm, prompts, params)
+        plain, plain_s, p_metrics = timed_generate(llm, prompts, params)
         engine.speculator = speculator
         history.responses.clear()
         spec, spec_s, metrics = timed_generate(llm, prompts, params)
@@ -116,6 +118,8 @@ def run_online(llm: LLM, prompts, args, temperature: float) -> dict:
         sides["spec_history"].append(history_s)
         spec_metrics.append(metrics)
         history_metrics.append(h_metrics)
+        for side, m in (("plain", p_metrics), ("spec", metrics), ("spec_history", h_metrics)):
+            captures[side].append(m.get("rollout/graph_capture_s", 0.0))
         identical.append(sum(a == b for a, b in zip(plain, spec, strict=True)) / len(plain))
     wall = {side: statistics.median(times) for side, times in sides.items()}
     # Paired per repeat: a repeat's seed sets its response lengths, and a round lasts as long as its longest response.
@@ -129,6 +133,7 @@ def run_online(llm: LLM, prompts, args, temperature: float) -> dict:
         "spec": _mean_metrics(spec_metrics),
         "spec_history": _mean_metrics(history_metrics),
         "identical_to_plain": statistics.mean(identical),
+        "graph_capture_s": {side: statistics.mean(times) for side, times in captures.items()},
         "generated_tokens": statistics.mean(m["rollout/generated_tokens"] for m in spec_metrics),
     }
 
@@ -204,10 +209,11 @@ def print_table(rows: list[dict], offline: bool) -> None:
                       f"{s['tokens_per_verify']:>10.2f} {s['verify_steps']:>7} {speedups}")  # fmt: skip
         return
     print(f"\n{'T':>4} {'seqs':>5} {'plain s':>8} {'spec s':>7} {'x':>5} {'+hist s':>8} {'x':>5} {'accept':>7} "
-          f"{'tok/verify':>10} {'verify':>7} {'same':>5}")  # fmt: skip
+          f"{'tok/verify':>10} {'verify':>7} {'same':>5} {'capture s':>9}")  # fmt: skip
     for r in rows:
         w, s = r["wall_s"], r["spec"]
+        capture = "/".join(f"{c:.2f}" for c in r.get("graph_capture_s", {}).values())
         print(f"{r['temperature']:>4} {r['sequences']:>5} {w['plain']:>8.3f} {w['spec']:>7.3f} {r['speedup']:>5.2f} "
               f"{w['spec_history']:>8.3f} {r['speedup_history']:>5.2f} {s.get('spec/acceptance_rate', 0):>7.2f} "
               f"{s.get('spec/tokens_per_verify', 0):>10.2f} {s.get('spec/verify_step_frac', 0):>7.2f} "
-              f"{r['identical_to_plain']:>5.2f}")  # fmt: skip
+              f"{r['identical_to_plain']:>5.2f} {capture:>9}")  # fmt: skip

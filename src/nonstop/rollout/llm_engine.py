@@ -196,6 +196,9 @@ class LLMEngine:
             # A launch that captured its CUDA graph took the capture's time, not a step's: the draft rule must not
             # weigh it (one captured verify launch would otherwise make verifying look too dear to ever try again).
             captured = graphs is not None and graphs.num_captures != captures
+            if captured:
+                stats.num_graph_captures += graphs.num_captures - captures
+                stats.graph_capture_time_s += time.perf_counter() - launched_at
             timed = timed and not captured
             if self.args.async_scheduling and not verify:
                 result = self.scheduler.advance(batch)

@@ -10,7 +10,8 @@ time in steps that preempted or could not admit a waiting request for lack of fr
 decoding spends). Speculative decoding (`rollout/spec/*`, when it is on): draft tokens verified and accepted, the
 acceptance rate, tokens per sequence per verify step (1 + accepted drafts, less any past a stop), verify steps as a
 share of the decode steps in the drafting range, the wall time of verify and of plain steps there, and the host
-time drafting took.
+time drafting took. CUDA graphs captured during the call and the time their launches took (`rollout/graph_captures`,
+`rollout/graph_capture_s`, when any was).
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ def rollout_metrics(stats: SchedulerStats, steps: list[StepLogEntry]) -> dict[st
     }
     if stats.num_spec_range_steps:
         metrics.update(spec_metrics(stats))
+    if stats.num_graph_captures:
+        metrics["rollout/graph_captures"] = float(stats.num_graph_captures)
+        metrics["rollout/graph_capture_s"] = stats.graph_capture_time_s
     total = sum(s.wall_s for s in steps)
     if total <= 0:
         return metrics

@@ -73,6 +73,10 @@ class SchedulerStats:
     verify_time_s: float = 0.0
     spec_plain_time_s: float = 0.0  # wall time of the plain decode launches in the drafting range
     draft_time_s: float = 0.0  # host time the drafter took (inside the verify steps' wall time)
+    # CUDA graphs captured (lazily, the first time a launch shape is needed) and the wall time of the launches that
+    # captured them (inside the step times above): what a new shape costs a run that otherwise replays.
+    num_graph_captures: int = 0
+    graph_capture_time_s: float = 0.0
 
     def since(self, earlier: SchedulerStats) -> SchedulerStats:
         return SchedulerStats(**{k: v - getattr(earlier, k) for k, v in vars(self).items()})
