@@ -5,7 +5,8 @@ sampler's flags, the in-flight ids kept across a capture's warm-up, placeholders
 checked against the plain eager engine and transformers' greedy decoding."""
 
 import pytest
-from rollout_helpers import hf_greedy, make_pair, random_prompts
+from rollout_helpers import TINY, hf_greedy, make_pair, random_prompts
+from spec_helpers import PartlyWrongDrafter, speculative_llm
 from test_async_scheduling import ENGINES, EOS, assert_same, prompts_and_params, samples
 
 from nonstop.rollout import LLM, SamplingParams
@@ -33,7 +34,7 @@ class EagerReplay(DecodeGraphs):
 
     def replay(self, shape):
         self.replayed.append(shape)
-        self.runner.decode_launch(shape)
+        self._launch(shape)  # decode or verify
 
 
 def with_graphs(llm: LLM) -> tuple[LLM, EagerReplay, list[tuple[int, int]]]:
@@ -120,3 +121,25 @@ def test_captures_are_counted_in_the_call_that_made_them(model):
     assert first["rollout/graph_captures"] == len(graphs.graphs) >= 2 and first["rollout/graph_capture_s"] > 0
     llm.generate(prompts, params)
     assert "rollout/graph_captures" not in llm.metrics and len(graphs.graphs) == first["rollout/graph_captures"]
+
+
+def test_the_first_verify_launch_captures_every_verify_bucket(model):
+    """Verify steps change their row and draft-length buckets from step to step: the first one captures them all (for
+    its sampler flags), so later verify launches replay; tokens stay plain decoding's."""
+    prompts = random_prompts([6, 11, 4], seed=3)
+    # Requests ending one after another: verify steps of 6, then 4, then 2 rows, with drafts cut short at the ends.
+    params = [SamplingParams(n=2, temperature=0.0, max_tokens=m, ignore_eos=True) for m in (6, 10, 14)]
+    plain = LLM(model, block_size=4, max_num_seqs=8).generate(prompts, params)
+    drafter = PartlyWrongDrafter.from_outputs(prompts, plain, TINY["vocab_size"])
+    llm, graphs, _ = with_graphs(speculative_llm(model, drafter, block_size=4, max_num_seqs=8))
+    assert token_ids(llm.generate(prompts, params)) == token_ids(plain)
+    verify = {(s.num_rows // s.num_query, s.num_query) for s in graphs.graphs if s.num_query > 1}
+    assert verify == {(rows, 1 + d) for rows in (1, 2, 4, 8) for d in (1, 2, 4)}
+    replayed = [s for s in graphs.replayed if s.num_query > 1]
+    assert len({(s.num_rows, s.num_query) for s in replayed}) > 1 and llm.stats.num_verify_steps == len(replayed)
+    captures = graphs.num_captures
+    assert token_ids(llm.generate(prompts, params)) == token_ids(plain) and graphs.num_captures == captures
+
+
+def token_ids(outputs) -> list[list[int]]:
+    return [c.token_ids for o in outputs for c in o.outputs]
