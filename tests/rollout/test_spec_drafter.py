@@ -190,6 +190,34 @@ def test_a_probe_drafts_for_sequences_below_min_gain(verify_cost):
     assert decisions[:-1] == [(False, [0, 0])] * PROBE_EVERY and decisions[-1] == (True, [2, 4])
 
 
+def test_asks_that_find_nothing_to_verify_make_the_rule_ask_less():
+    """An ask reads the step in flight (about one plain step of pipelining, DRAIN_COST). With verify at 1.5 plain
+    steps and 1 + g = 2 expected, an ask pays 0.5 when it verifies: worth it while the yield y of recent asks keeps
+    y * 0.5 >= (1 - y) * 1, i.e. y >= 2/3. Asks that find no draft pull y below that; then only a probe asks, and
+    asks that verify raise y again."""
+    p = policy()
+    p.plain_times.extend([1.0] * 4)
+    p.verify_times.extend([1.5] * 4)
+    p.global_gain = 1.0
+    assert p.may_verify([1]) and p.ask_yield == 1.0
+    outcomes = []
+    for _ in range(10):
+        if p.may_verify([1]):
+            p.asked(p.should_verify([1], [0]))  # the drafter found nothing
+            outcomes.append("asked")
+        else:
+            p.decoded(num_steps=1, wall_s=1.0)
+            outcomes.append("plain")
+    # y: 1, 0.8, 0.64 < 2/3 after two fruitless asks.
+    assert outcomes == ["asked", "asked"] + ["plain"] * 8 and p.ask_yield == pytest.approx(0.64)
+    while not p.may_verify([1]):  # until the probe
+        pass
+    assert p.probe_verify and p.should_verify([1], [4])
+    for _ in range(3):
+        p.asked(True)
+    assert p.ask_yield > 2 / 3 and p.may_verify([1])
+
+
 def test_draft_lengths_follow_each_sequences_outcomes():
     p = policy(max_draft=8)
     p.verified([1, 2, 3], [4, 4, 4], [4, 1, 0], wall_s=1.0)

@@ -13,6 +13,8 @@ length follows its last outcome: a fully accepted draft lets the next one grow b
 caps it at a + 1. Every `PROBE_EVERY`-th step in the drafting range does the other thing once (verify while the rule
 says plain, with every sequence drafting, those below `MIN_GAIN` too; plain while it says verify), so both times and
 the acceptance stay current, at a bounded cost; while no verify step has been timed, a step with drafts verifies.
+Asking for drafts drains the async pipeline, so the rule asks only while the expected gain, at the share of recent
+asks that verified, outweighs what an ask that finds nothing costs (`DRAIN_COST`).
 
 `always` verifies every step that has a draft, at full length: for tests and for measuring acceptance.
 """
@@ -29,6 +31,10 @@ PROBE_EVERY = 16
 DECAY = 0.3  # weight of the newest outcome in g_i
 PRIOR_GAIN = 1.0  # g of a sequence before any outcome, with no group or global history either
 TIMES_KEPT = 8
+# Asking for drafts reads the step in flight: an ask that then finds nothing worth verifying has cost the async
+# pipeline about one plain step (the next launch waits for the host). Asks are weighed with their recent yield.
+DRAIN_COST = 1.0  # plain steps
+ASK_DECAY = 0.2  # weight of the newest ask in the yield
 
 
 class DraftPolicy:
@@ -42,16 +48,17 @@ class DraftPolicy:
         self.plain_times: deque[float] = deque(maxlen=TIMES_KEPT)
         self.steps_since_probe = 0
         self.probing = False  # this step probes (decided once per step, by may_verify)
+        self.probe_verify = False  # ... towards verifying (the rule said plain)
+        self.ask_yield = 1.0  # share of recent asks for drafts that verified
 
     def draft_lengths(self, seq_ids: list[int]) -> list[int]:
         """The draft length each sequence gets if the step verifies (0: none). A probe towards verifying drafts for
         every sequence, gains below MIN_GAIN included: only a verify step can raise them again."""
         if self.always:
             return [self.max_draft] * len(seq_ids)
-        gated = [self._gated_length(s) for s in seq_ids]
-        if self.probing and not self._verifies_on_merit(seq_ids, gated):
+        if self.probe_verify:
             return [self.cap.get(s, self.max_draft) for s in seq_ids]
-        return gated
+        return [self._gated_length(s) for s in seq_ids]
 
     def _gated_length(self, seq_id: int) -> int:
         return 0 if self.gain.get(seq_id, self.global_gain) < MIN_GAIN else self.cap.get(seq_id, self.max_draft)
@@ -74,24 +81,42 @@ class DraftPolicy:
         # No verify step timed yet (or only ones that captured a graph): verify, to measure one.
         return ratio is None or 1 + self.expected_gain(seq_ids, draft_lengths) >= ratio
 
+    def _worth_asking(self, seq_ids: list[int], draft_lengths: list[int]) -> bool:
+        """Whether the expected gain of verifying, in plain steps, outweighs the pipelining an ask that finds no draft
+        worth verifying loses, at the recent yield of asks."""
+        ratio = self.cost_ratio()
+        if ratio is None:
+            return True
+        y = self.ask_yield
+        return y * (1 + self.expected_gain(seq_ids, draft_lengths) - ratio) >= (1 - y) * DRAIN_COST
+
     def should_verify(self, seq_ids: list[int], draft_lengths: list[int]) -> bool:
-        """Whether a step with these drafts (`draft_lengths`, as proposed; all 0: never) verifies. A probe does the
-        opposite of what the rule would decide for the sequences' own draft lengths."""
+        """Once the drafts exist: whether a step with these (`draft_lengths`, as proposed; all 0: never) verifies. A
+        probe towards verifying verifies whatever it found."""
         if not any(draft_lengths):
             return False
-        if self.always or self.cost_ratio() is None:
+        if self.always or self.cost_ratio() is None or self.probe_verify:
             return True
-        if self.probing:
-            return not self._verifies_on_merit(seq_ids, [self._gated_length(s) for s in seq_ids])
-        return self._verifies_on_merit(seq_ids, draft_lengths)
+        return not self.probing and self._verifies_on_merit(seq_ids, draft_lengths)
 
     def may_verify(self, seq_ids: list[int]) -> bool:
-        """Once per step in the drafting range, before the drafts exist: whether some draft could make the step verify
-        (the engine then reads the step in flight to draft from every token). Decides here whether the step probes, so
-        that reading the step in flight cannot change the decision between this call and the drafts."""
+        """Once per step in the drafting range, before the drafts exist: whether to ask for drafts (the engine then
+        reads the step in flight to draft from every token). Decides here whether the step probes, doing the opposite
+        of the rule once every `PROBE_EVERY` steps, so that reading the step in flight cannot change the decision
+        between this call and the drafts."""
         self.probing = self.steps_since_probe >= PROBE_EVERY
         self.steps_since_probe = 0 if self.probing else self.steps_since_probe + 1
-        return self.should_verify(seq_ids, self.draft_lengths(seq_ids))
+        self.probe_verify = False
+        if self.always:
+            return True
+        gated = [self._gated_length(s) for s in seq_ids]
+        ask = self._verifies_on_merit(seq_ids, gated) and self._worth_asking(seq_ids, gated)
+        self.probe_verify = self.probing and not ask
+        return ask != self.probing
+
+    def asked(self, verified: bool) -> None:
+        """The outcome of an ask for drafts: whether the step then verified."""
+        self.ask_yield += ASK_DECAY * (float(verified) - self.ask_yield)
 
     def verified(self, seq_ids: list[int], drafts: list[int], accepted: list[int], wall_s: float | None) -> None:
         """A verify step's outcome: per sequence its draft length and accepted tokens; its wall time (None: not a

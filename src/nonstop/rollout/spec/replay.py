@@ -75,12 +75,15 @@ def replay(
     while running:
         stats.steps += 1
         ids = [s.seq_id for s in running]
-        verify = len(running) <= config.disable_by_batch_size and policy.may_verify(ids)
+        asked = len(running) <= config.disable_by_batch_size and policy.may_verify(ids)
         limits = [len(truth[s.seq_id]) - s.num_output_tokens - 1 for s in running]
         wanted = [min(k, limit) for k, limit in zip(policy.draft_lengths(ids), limits, strict=True)]
-        drafts = drafter.propose(running, [group_of[s.seq_id] for s in running], wanted) if verify else []
-        lengths = [min(len(d), k) for d, k in zip(drafts, wanted, strict=True)] if verify else []
-        if verify and policy.should_verify(ids, lengths):
+        drafts = drafter.propose(running, [group_of[s.seq_id] for s in running], wanted) if asked else []
+        lengths = [min(len(d), k) for d, k in zip(drafts, wanted, strict=True)] if asked else []
+        verify = asked and policy.should_verify(ids, lengths)
+        if asked:
+            policy.asked(verify)
+        if verify:
             accepted = []
             for seq, draft, k in zip(running, drafts, lengths, strict=True):
                 future = truth[seq.seq_id][seq.num_output_tokens :]

@@ -61,6 +61,7 @@ class Speculator:
         proposed = self.drafter.propose(seqs, list(map(group_of, seqs)), wanted)
         drafts = {seq_id: list(d[:k]) for seq_id, d, k in zip(seq_ids, proposed, wanted, strict=True) if d and k}
         verify = policy.should_verify(seq_ids, [len(drafts.get(s, ())) for s in seq_ids])
+        policy.asked(verify)
         return (drafts if verify else None), time.perf_counter() - start
 
     def finished(self, request_id: str, seqs: list[Sequence], outputs: list[list[int]] | None) -> None:
