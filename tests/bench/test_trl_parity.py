@@ -235,3 +235,11 @@ def test_a_side_cut_short_is_compared_over_the_steps_every_run_reached():
     assert result["last_steps_end"] == 3
     assert check["nonstop"] == pytest.approx(0.60) and check["trl"] == pytest.approx(0.45) and check["passed"]
     assert "last 2 steps up to step 3, the last every run reached, trl: 0.450" in report.table(result, last=2)
+
+
+def test_a_side_whose_seeds_share_no_step_is_reported_without_a_band():
+    ours = {0: _points([0.1, 0.5]), 1: _points([0.3, 0.5])}
+    theirs = {0: _points([0.2]), 1: [{**_points([0.1, 0.4])[1]}]}  # seed 1 logged step 2 only
+    result = report.compare({"nonstop": ours, "trl": theirs}, {}, last=2)
+    assert result["bands"]["trl"] == [] and result["last_steps_end"] == 2
+    assert result["last_steps"]["trl"]["per_seed"] == [pytest.approx(0.2), pytest.approx(0.4)]

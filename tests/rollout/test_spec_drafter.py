@@ -218,6 +218,29 @@ def test_asks_that_find_nothing_to_verify_make_the_rule_ask_less():
     assert p.ask_yield > 2 / 3 and p.may_verify([1])
 
 
+def test_the_rule_learns_plain_steps_while_it_verifies():
+    """In the engine a plain step's time is learnt only when the next step does not ask for drafts (an ask reads the
+    step in flight with nothing behind it). Here a draft always exists, 1 of 4 tokens is accepted and a verify step
+    costs 3 plain steps, so verifying loses (1 + 1 < 3): the rule must time plain steps first, then settle on plain."""
+    p = policy()
+    previous_plain = False
+    decisions = []
+    for _ in range(200):
+        asked = p.may_verify([1, 2])
+        if previous_plain and not asked:
+            p.decoded(num_steps=1, wall_s=1.0)  # read behind this step's launch
+        verify = asked and p.should_verify([1, 2], p.draft_lengths([1, 2]))
+        if asked:
+            p.asked(verify)
+        if verify:
+            p.verified([1, 2], [4, 4], [1, 1], wall_s=3.0)
+        decisions.append(verify)
+        previous_plain = not verify
+    assert p.cost_ratio() == pytest.approx(3.0)
+    assert decisions[:2] == [False, False]  # plain timed before any ask
+    assert sum(decisions[100:]) <= 100 / PROBE_EVERY + 1  # probes only
+
+
 def test_draft_lengths_follow_each_sequences_outcomes():
     p = policy(max_draft=8)
     p.verified([1, 2, 3], [4, 4, 4], [4, 1, 0], wall_s=1.0)

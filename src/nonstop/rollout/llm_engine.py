@@ -180,7 +180,7 @@ class LLMEngine:
         if not batch.seqs and self.in_flight is None:
             assert self.scheduler.is_finished(), "unfinished requests but nothing could be scheduled"
             return outputs
-        launched, verify = None, batch.draft_token_ids is not None
+        launched, verify, captured = None, batch.draft_token_ids is not None, False
         prefill = not verify and max(batch.num_new_tokens, default=0) > 1
         if batch.seqs:
             timed = not verify and not prefill and spec is not None and spec.in_range(self.scheduler)
@@ -215,7 +215,8 @@ class LLMEngine:
                 self.requests[child.request_id].seqs.append(child)
                 self.stop_strings.add(child)
         # The previous step's host work, while the device runs the one just launched.
-        outputs += self._process_in_flight(pipelined=bool(batch.seqs))
+        # A launch that captured a graph held the host for the capture: the step read behind it has no period.
+        outputs += self._process_in_flight(pipelined=bool(batch.seqs) and not captured)
         self.in_flight = launched
         if not self.requests:
             # Every request is done: what is still in flight was computed past their ends; drop it now rather than

@@ -118,7 +118,8 @@ def compare(curves: dict[str, dict[int, list]], timing: dict[str, dict[int, list
     result["val_bands"] = {k: {side: band(per, k) for side, per in curves.items()} for k in val_keys}
     # A run cut short (the budget) is compared over the steps every run reached: the last steps of a longer run would
     # meet earlier, lower-reward steps of the shorter one.
-    end = min((max((r["step"] for r in rows), default=0) for rows in result["bands"].values()), default=0)
+    ends = [max(r["step"] for r in rows) for rows in result["bands"].values() if rows]
+    end = min(ends) if ends else None  # None: no step every seed of a side reached; each seed's own last steps
     result["last_steps_end"] = end
     result["last_steps"] = {side: last_steps(per_seed, last, end) for side, per_seed in curves.items()}
     # Step 1 samples the starting model on both sides: its reward and lengths should agree within the seeds' spread.

@@ -13,6 +13,9 @@ length follows its last outcome: a fully accepted draft lets the next one grow b
 caps it at a + 1. Every `PROBE_EVERY`-th step in the drafting range does the other thing once (verify while the rule
 says plain, with every sequence drafting, those below `MIN_GAIN` too; plain while it says verify), so both times and
 the acceptance stay current, at a bounded cost; while no verify step has been timed, a step with drafts verifies.
+A plain step's time is learnt only when the step after it does not ask for drafts (asking reads the step in flight
+with nothing behind it), so a probe towards plain, and the range's first steps while no plain step is timed, run two
+plain steps.
 Asking for drafts drains the async pipeline, so the rule asks only while the expected gain, at the share of recent
 asks that verified, outweighs what an ask that finds nothing costs (`DRAIN_COST`).
 
@@ -50,6 +53,9 @@ class DraftPolicy:
         self.probing = False  # this step probes (decided once per step, by may_verify)
         self.probe_verify = False  # ... towards verifying (the rule said plain)
         self.ask_yield = 1.0  # share of recent asks for drafts that verified
+        # Plain steps still to run before the next ask: a plain step's time is learnt only when the step after it does
+        # not ask either (an ask reads the step in flight with nothing behind it, which times no period).
+        self.hold_plain = 0
 
     def draft_lengths(self, seq_ids: list[int]) -> list[int]:
         """The draft length each sequence gets if the step verifies (0: none). A probe towards verifying drafts for
@@ -104,14 +110,22 @@ class DraftPolicy:
         reads the step in flight to draft from every token). Decides here whether the step probes, doing the opposite
         of the rule once every `PROBE_EVERY` steps, so that reading the step in flight cannot change the decision
         between this call and the drafts."""
-        self.probing = self.steps_since_probe >= PROBE_EVERY
-        self.steps_since_probe = 0 if self.probing else self.steps_since_probe + 1
-        self.probe_verify = False
+        self.probing = self.probe_verify = False
         if self.always:
             return True
+        if self.hold_plain:
+            self.hold_plain -= 1
+            return False
+        if not self.plain_times:
+            self.hold_plain = 1  # two plain steps: the first one's time is learnt at the second's launch
+            return False
+        self.probing = self.steps_since_probe >= PROBE_EVERY
+        self.steps_since_probe = 0 if self.probing else self.steps_since_probe + 1
         gated = [self._gated_length(s) for s in seq_ids]
         ask = self._verifies_on_merit(seq_ids, gated) and self._worth_asking(seq_ids, gated)
         self.probe_verify = self.probing and not ask
+        if self.probing and ask:
+            self.hold_plain = 1  # a probe towards plain: two plain steps, so that one is timed
         return ask != self.probing
 
     def asked(self, verified: bool) -> None:
