@@ -56,6 +56,7 @@ def test_nonstop_side_end_to_end(tmp_path):
     assert ours["min_response_length"] == 6 and len(ours["step_s_all"]) == 2
     assert ours["tokens_per_step"] == 2 * 2 * (5 + 6)
     assert ours["metrics"]["timing_s/gen"] > 0 and ours["metrics"]["timing_s/update_actor"] > 0
+    assert ours["metrics"]["rollout/num_engine_steps"] > 0  # the engine's counts per step, for the carry-over's cost
     assert trainer_step.problems(result, 6) == []
 
 

@@ -71,7 +71,7 @@ def median_metrics(rows: list[dict[str, float]], prefixes: tuple[str, ...]) -> d
 
 # The metrics a nonstop run reports (medians over the timed steps).
 METRIC_PREFIXES = tuple(
-    "timing_s/ perf/ response_length/ critic/score/ actor/ trainer/ rollouter/ async/ tail/".split()
+    "timing_s/ perf/ response_length/ critic/score/ actor/ trainer/ rollouter/ async/ tail/ rollout/".split()
 )
 
 
