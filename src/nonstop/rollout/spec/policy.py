@@ -80,19 +80,14 @@ class DraftPolicy:
             return None
         return statistics.median(self.verify_times) / max(statistics.median(self.plain_times), 1e-9)
 
-    def _verifies_on_merit(self, seq_ids: list[int], draft_lengths: list[int]) -> bool:
+    def _worth_asking(self, seq_ids: list[int], draft_lengths: list[int]) -> bool:
+        """Whether the expected gain of verifying these drafts, in plain steps, outweighs the pipelining an ask that
+        finds no draft worth verifying loses, at the recent yield of asks (at yield 1: whether verifying pays)."""
         if not any(draft_lengths):
             return False
         ratio = self.cost_ratio()
-        # No verify step timed yet (or only ones that captured a graph): verify, to measure one.
-        return ratio is None or 1 + self.expected_gain(seq_ids, draft_lengths) >= ratio
-
-    def _worth_asking(self, seq_ids: list[int], draft_lengths: list[int]) -> bool:
-        """Whether the expected gain of verifying, in plain steps, outweighs the pipelining an ask that finds no draft
-        worth verifying loses, at the recent yield of asks."""
-        ratio = self.cost_ratio()
         if ratio is None:
-            return True
+            return True  # no verify step timed yet (or only ones that captured a graph): verify, to measure one
         y = self.ask_yield
         return y * (1 + self.expected_gain(seq_ids, draft_lengths) - ratio) >= (1 - y) * DRAIN_COST
 
@@ -101,9 +96,10 @@ class DraftPolicy:
         probe towards verifying verifies whatever it found."""
         if not any(draft_lengths):
             return False
-        if self.always or self.cost_ratio() is None or self.probe_verify:
+        if self.always or self.probe_verify:
             return True
-        return not self.probing and self._verifies_on_merit(seq_ids, draft_lengths)
+        ratio = self.cost_ratio()
+        return ratio is None or (not self.probing and 1 + self.expected_gain(seq_ids, draft_lengths) >= ratio)
 
     def may_verify(self, seq_ids: list[int]) -> bool:
         """Once per step in the drafting range, before the drafts exist: whether to ask for drafts (the engine then
@@ -121,8 +117,7 @@ class DraftPolicy:
             return False
         self.probing = self.steps_since_probe >= PROBE_EVERY
         self.steps_since_probe = 0 if self.probing else self.steps_since_probe + 1
-        gated = [self._gated_length(s) for s in seq_ids]
-        ask = self._verifies_on_merit(seq_ids, gated) and self._worth_asking(seq_ids, gated)
+        ask = self._worth_asking(seq_ids, [self._gated_length(s) for s in seq_ids])
         self.probe_verify = self.probing and not ask
         if self.probing and ask:
             self.hold_plain = 1  # a probe towards plain: two plain steps, so that one is timed

@@ -75,13 +75,13 @@ def replay(
     while running:
         stats.steps += 1
         ids = [s.seq_id for s in running]
-        asked = len(running) <= config.disable_by_batch_size and policy.may_verify(ids)
-        limits = [len(truth[s.seq_id]) - s.num_output_tokens - 1 for s in running]
-        wanted = [min(k, limit) for k, limit in zip(policy.draft_lengths(ids), limits, strict=True)]
-        drafts = drafter.propose(running, [group_of[s.seq_id] for s in running], wanted) if asked else []
-        lengths = [min(len(d), k) for d, k in zip(drafts, wanted, strict=True)] if asked else []
-        verify = asked and policy.should_verify(ids, lengths)
-        if asked:
+        verify = False
+        if len(running) <= config.disable_by_batch_size and policy.may_verify(ids):
+            limits = [len(truth[s.seq_id]) - s.num_output_tokens - 1 for s in running]
+            wanted = [min(k, limit) for k, limit in zip(policy.draft_lengths(ids), limits, strict=True)]
+            drafts = drafter.propose(running, [group_of[s.seq_id] for s in running], wanted)
+            lengths = [min(len(d), k) for d, k in zip(drafts, wanted, strict=True)]
+            verify = policy.should_verify(ids, lengths)
             policy.asked(verify)
         if verify:
             accepted = []
