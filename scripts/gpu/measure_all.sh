@@ -13,6 +13,10 @@
 #   rollout_tests  `pytest -m gpu tests/rollout` alone (engine, cascade, whole-launch graphs, KV sizing and cap)
 #   retest   GPU tests not yet run alone (engine, async, cascade engine, critic prefix grouping, critic, resume)
 #   carry_0.5b, carry_1.5b  plain sync against sync + carry-over (`rollout.tail.enable`) on long-tailed responses
+#   carry_busy_0.5b, carry_busy_1.5b  the same through `bench modes`: sync, sync + carry-over, one_step_off +
+#            carry-over, each with one profiled step after the timed ones (kernel-busy fraction)
+#   carry_parity  GSM8K learning curves of sync and sync + carry-over with SmolLM2 (MODEL, default /root/smollm2.gguf;
+#            GSM8K's release files carried as .data/gsm8k), by samples trained, with the mean response length
 #   trainer_ab  the trainer bench's nonstop side on BASE_SRC and on the tree, base / tree / base / tree
 #   trainer  GRPO step vs TRL 1.16 (issue 4), plus nonstop with k = 1 and with the KV cache resident in the same run
 #   trainer_profile  nonstop's side alone (resident KV, k = 8), step 5 under the torch profiler: the profile summary
@@ -93,6 +97,20 @@ for step in ${STEPS:-tests rollout}; do case $step in
       actor_rollout_ref.actor.use_prefix_grouper=False \
       --variant carry actor_rollout_ref.rollout.tail.enable=True algorithm.rollout_correction.rollout_is=token \
       --out "$OUT/$step.json" ;;
+  carry_busy_0.5b|carry_busy_1.5b)  # issue 24: throughput and kernel-busy of sync, sync + carry, one_step_off + carry
+    shape=qwen2.5-${step#carry_busy_}; steps=6; [ "$shape" = qwen2.5-1.5b ] && steps=4
+    tail=actor_rollout_ref.rollout.tail.enable=True+algorithm.rollout_correction.rollout_is=token
+    t "b_$step" 400 python3 -m nonstop bench modes --model "$shape" --prompts 32 --n 8 --prompt-len 128 \
+      --response-len 1024 --warmup 2 --steps "$steps" --modes "sync,sync+$tail,one_step_off+$tail" \
+      --out "$OUT/$step.json" actor_rollout_ref.actor.use_prefix_grouper=False ;;
+  carry_parity)  # issue 24: learning parity of the carry-over on GSM8K (SmolLM2-135M-Instruct), 32 prompts x 8 a step
+    python3 -m nonstop data gsm8k --source .data/gsm8k --out /tmp/gsm8k > "$OUT/data.log" 2>&1
+    t b_carry_parity 420 python3 -m nonstop bench parity actor_rollout_ref.model.path="${MODEL:-/root/smollm2.gguf}" \
+      data.train_files=/tmp/gsm8k/train.parquet data.val_files=/tmp/gsm8k/test.parquet data.train_batch_size=32 \
+      actor_rollout_ref.actor.ppo_mini_batch_size=32 actor_rollout_ref.actor.optim.lr=1e-5 trainer.val_before_train=False \
+      trainer.test_freq=-1 trainer.save_freq=-1 --config examples/gsm8k_smollm2.yaml --steps "${PARITY_STEPS:-40}" \
+      --last 10 --out "$OUT/carry_parity" --modes sync,carry=sync --mode-override carry \
+      actor_rollout_ref.rollout.tail.enable=True algorithm.rollout_correction.rollout_is=token ;;
   trainer) runs=$((${runs:-0} + 1))  # STEPS="trainer trainer": each run its own log and JSON
     t b_trainer$runs 240 python3 -m nonstop bench trainer \
     --variant k1 actor_rollout_ref.rollout.num_scheduler_steps=1 \
