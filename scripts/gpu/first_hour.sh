@@ -13,7 +13,8 @@
 # micro-batch's). The last lines are a table of every run: step time, micro-batches, budget, retries, reward share.
 # SHAPE, LENS and RESP change the shape, prompt lengths and response length (a CPU dry run of the script itself:
 # SHAPE=smollm2-135m LENS=16 RESP=8). SLOW_ONLY=1 runs the slow reward alone; SLOW_LONGTAIL=1 adds it on long-tailed
-# response lengths (the bench's `longtail`: responses end through the generation phase, as with a real policy).
+# response lengths (the bench's `longtail`: responses end through the generation phase, as with a real policy);
+# SLOW_OVERLAP=1 runs each slow-reward run in trainer.mode=one_step_off as well (a variant in the same run).
 source "$(dirname "$0")/common.sh"
 LENS=${LENS:-2048 4096}
 BENCH="python3 -m nonstop bench trainer --sides nonstop --shape ${SHAPE:-qwen2.5-0.5b} --prompts 8 --n 8
@@ -36,11 +37,13 @@ for len in $LENS; do
     --variant grouped actor_rollout_ref.actor.use_prefix_grouper=True --out "$OUT/mem$len.json"
   grep -E "micro-batch token budget|out of memory" "$OUT/mem$len.log" | sort | uniq -c | head -n 6
 done
-t slow_reward 90 $BENCH --prompt-len "${SLOW_PROMPT_LEN:-128}" --warmup 1 --steps 3 --work-dir /tmp/fh_slow \
-  --override custom_reward_function.path=/tmp/slow_reward.py --out "$OUT/slow_reward.json"
-[ -n "${SLOW_LONGTAIL:-}" ] && t slow_reward_longtail 90 $BENCH --prompt-len "${SLOW_PROMPT_LEN:-128}" \
+overlap=()  # SLOW_OVERLAP=1: the same runs in one_step_off too (scoring beside the next step's generation)
+[ -n "${SLOW_OVERLAP:-}" ] && overlap=(--variant one_step_off trainer.mode=one_step_off)
+t slow_reward 120 $BENCH --prompt-len "${SLOW_PROMPT_LEN:-128}" --warmup 1 --steps 3 --work-dir /tmp/fh_slow \
+  --override custom_reward_function.path=/tmp/slow_reward.py "${overlap[@]}" --out "$OUT/slow_reward.json"
+[ -n "${SLOW_LONGTAIL:-}" ] && t slow_reward_longtail 120 $BENCH --prompt-len "${SLOW_PROMPT_LEN:-128}" \
   --warmup 1 --steps 3 --response-lengths longtail --work-dir /tmp/fh_slow_lt \
-  --override custom_reward_function.path=/tmp/slow_reward.py --out "$OUT/slow_reward_longtail.json"
+  --override custom_reward_function.path=/tmp/slow_reward.py "${overlap[@]}" --out "$OUT/slow_reward_longtail.json"
 python3 - "$OUT" $LENS <<'EOF'
 import json, sys
 from pathlib import Path

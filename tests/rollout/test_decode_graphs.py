@@ -55,8 +55,9 @@ def with_graphs(llm: LLM) -> tuple[LLM, EagerReplay, list[tuple[int, int]]]:
 @pytest.mark.parametrize("num_scheduler_steps", [1, 4])
 def test_padded_buckets_decode_greedy_as_transformers(tiny_pair, num_scheduler_steps):
     # Ten requests ending one after another: decode runs buckets 16, 8, 4 and smaller, padding rows in most
-    # launches; max_tokens not multiples of k, so the last launches run fewer steps (another launch shape); blocks
-    # of 2 tokens, so a padding row that ran more than one step of a k = 4 launch would write past the scratch block.
+    # launches; max_tokens not multiples of k, so the last launches need fewer steps than k (under graphs they run k,
+    # the rows past their counts idling on the scratch block: one graph per bucket, not per bucket and step count);
+    # blocks of 4 tokens, so a row that ran past its steps into its own blocks would overwrite its KV.
     reference, model = tiny_pair
     prompts = random_prompts([5, 17, 33, 1, 12, 9, 26, 3, 7, 20], seed=4)
     max_tokens = [4 + 2 * i for i in range(len(prompts))]
@@ -64,12 +65,21 @@ def test_padded_buckets_decode_greedy_as_transformers(tiny_pair, num_scheduler_s
     llm, graphs, launches = with_graphs(
         LLM(model, block_size=4, max_num_seqs=16, num_scheduler_steps=num_scheduler_steps)
     )
+    scheduler, batch_steps = llm.llm_engine.scheduler, []
+    schedule = scheduler.schedule
+
+    def listed_schedule(*args):
+        batch = schedule(*args)
+        batch_steps.append(batch.num_scheduler_steps)
+        return batch
+
+    scheduler.schedule = listed_schedule
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert got == [hf_greedy(reference, p, m) for p, m in zip(prompts, max_tokens, strict=True)]
     assert len(graphs.replayed) == len(launches) and any(n < bucket for n, bucket in launches)
     assert {shape.num_rows for shape in graphs.graphs} >= {16, 8, 4}
-    if num_scheduler_steps > 1:
-        assert {shape.num_steps for shape in graphs.graphs} > {num_scheduler_steps}
+    assert {shape.num_steps for shape in graphs.graphs} == {num_scheduler_steps}
+    assert set(batch_steps) > {num_scheduler_steps} or num_scheduler_steps == 1  # launches needing fewer than k
 
 
 @pytest.mark.parametrize("engine", ["roomy", "preempting"])

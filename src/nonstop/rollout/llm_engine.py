@@ -202,13 +202,13 @@ class LLMEngine:
             timed = timed and not captured
             if self.args.async_scheduling and not verify:
                 result = self.scheduler.advance(batch)
-                launched = _InFlight(sampled, result.sampled, batch.num_scheduler_steps if timed else 0, launched_at)
+                launched = _InFlight(sampled, result.sampled, sampled.num_steps if timed else 0, launched_at)
             else:
                 # A verify step's outcome decides what the next step computes: read now.
                 result = self.scheduler.postprocess(batch, *sampled.read())
                 self.last_read_at = time.perf_counter()
                 if timed:
-                    self._timed_plain(batch.num_scheduler_steps, self.last_read_at - launched_at)
+                    self._timed_plain(sampled.num_steps, self.last_read_at - launched_at)
                 outputs += self._finished_outputs(result.finished)
             self.model_runner.copy_blocks(result.block_copies)
             for child in result.forked:

@@ -370,6 +370,11 @@ class ModelRunner:
         plan, _ = self.planner.plan(batch)
         S, K = plan.num_sample_rows, batch.num_scheduler_steps
         assert K <= self.num_scheduler_steps and (K == 1 or S == plan.num_decode == len(batch.seqs))
+        if plan.use_graph and batch.num_steps:
+            # Under CUDA graphs a multi-step launch always runs k steps: rows past their own counts idle on the
+            # scratch block. Launches near the requests' ends would otherwise each need a graph of their own K, met
+            # one by one, step after step, and captured inside the generations that meet them.
+            K = self.num_scheduler_steps
         assert plan.rows_in_order or not plan.use_graph
         # A decode-only launch samples every row of its bucket (padding rows included), any other the sample rows.
         R = plan.bucket if plan.rows_in_order else S

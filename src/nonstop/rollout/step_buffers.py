@@ -199,6 +199,11 @@ class SampledStep:
     # those of the steps each sequence of a multi-step launch really runs (never a bucket's padding rows).
     rows: np.ndarray | slice
 
+    @property
+    def num_steps(self) -> int:
+        """K, the decode steps the device ran for this launch (a CUDA graph's may exceed the batch's)."""
+        return self.values_K2R.numel() // (2 * self.num_rows)
+
     def read(self) -> tuple[list[int], list[float]]:
         if self.copied is not None:
             self.copied.synchronize()  # the launch's one host sync: waits for the device to get this far
