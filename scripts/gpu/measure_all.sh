@@ -14,7 +14,8 @@
 #   retest   GPU tests not yet run alone (engine, async, cascade engine, critic prefix grouping, critic, resume)
 #   carry_0.5b, carry_1.5b  plain sync against sync + carry-over (`rollout.tail.enable`) on long-tailed responses
 #   carry_busy_0.5b, carry_busy_1.5b  the same through `bench modes`: sync, sync + carry-over, one_step_off +
-#            carry-over, each with one profiled step after the timed ones (kernel-busy fraction)
+#            carry-over, each with one profiled step after the timed ones (kernel-busy fraction); CARRY_MODES
+#            (`bench modes --modes`, $tail the carry-over's keys) picks others
 #   carry_parity  GSM8K learning curves of sync and sync + carry-over with SmolLM2 (MODEL, default /root/smollm2.gguf;
 #            GSM8K's release files carried as .data/gsm8k), by samples trained, with the mean response length
 #   trainer_ab  the trainer bench's nonstop side on BASE_SRC and on the tree, base / tree / base / tree
@@ -101,7 +102,7 @@ for step in ${STEPS:-tests rollout}; do case $step in
     shape=qwen2.5-${step#carry_busy_}; steps=6; [ "$shape" = qwen2.5-1.5b ] && steps=4
     tail=actor_rollout_ref.rollout.tail.enable=True+algorithm.rollout_correction.rollout_is=token
     t "b_$step" 400 python3 -m nonstop bench modes --model "$shape" --prompts 32 --n 8 --prompt-len 128 \
-      --response-len 1024 --warmup 2 --steps "$steps" --modes "sync,sync+$tail,one_step_off+$tail" \
+      --response-len 1024 --warmup 2 --steps "$steps" --modes "${CARRY_MODES:-sync,sync+$tail,one_step_off+$tail}" \
       --out "$OUT/$step.json" actor_rollout_ref.actor.use_prefix_grouper=False ;;
   carry_parity)  # issue 24: learning parity of the carry-over on GSM8K (SmolLM2-135M-Instruct), 32 prompts x 8 a step
     python3 -m nonstop data gsm8k --source .data/gsm8k --out /tmp/gsm8k > "$OUT/data.log" 2>&1

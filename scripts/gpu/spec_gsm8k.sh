@@ -9,7 +9,8 @@
 #   (d) sync GRPO steps from that checkpoint without and with speculation: timing_s/gen and timing_s/step
 # $OUT gets summary.txt, bench_untrained.json, bench_trained.json, grpo_ab.json and logs.tgz (every log).
 # SKIP_TESTS=1 skips (a). STEPS (GRPO steps of (c), default 15), LR (its learning rate, default 1e-5), AB_STEPS
-# (steps per side of (d), default 4) change the sizes.
+# (steps per side of (d), default 4), TEMPS and PROMPTS (of (b), default 0.6,1.0 and 1,8,32) change the sizes;
+# AB_FROM=untrained skips (c) and runs (d) from MODEL. Each side of (d) leaves its metrics.jsonl in $OUT.
 source "$(dirname "$0")/common.sh"
 MODEL=${1:-$HOME/SmolLM2-135M-Instruct.Q4_1.gguf}
 DATA=${2:-.data/gsm8k}
@@ -25,20 +26,25 @@ TRAIN=(python3 -m nonstop train examples/gsm8k_smollm2.yaml data.train_files=/tm
 [ -n "${SKIP_TESTS:-}" ] || gpu_test tests 150 tests/rollout/test_spec_gpu.py $(ls tests/kernels/test_paged_verify*.py 2>/dev/null)
 
 t bench_untrained 180 python3 -m nonstop bench spec --model "$MODEL" --data "$DATA/train.jsonl" \
-  --temperatures 0.6,1.0 --prompts 1,8,32 --repeats 3 --out "$OUT/bench_untrained.json"
+  --temperatures "${TEMPS:-0.6,1.0}" --prompts "${PROMPTS:-1,8,32}" --repeats 3 --out "$OUT/bench_untrained.json"
 
 RUN=/tmp/runs/spec_train
-t train 240 "${TRAIN[@]}" actor_rollout_ref.model.path="$MODEL" trainer.total_training_steps="$STEPS" \
-  trainer.save_freq="$STEPS" trainer.default_local_dir="$RUN" actor_rollout_ref.actor.optim.lr="$LR"
-CKPT=$RUN/checkpoints/global_step_$STEPS/actor
-if [ -d "$CKPT" ]; then
-  t bench_trained 120 python3 -m nonstop bench spec --model "$CKPT" --data "$DATA/train.jsonl" \
+if [ "${AB_FROM:-}" = untrained ]; then
+  CKPT=$MODEL
+else
+  t train 240 "${TRAIN[@]}" actor_rollout_ref.model.path="$MODEL" trainer.total_training_steps="$STEPS" \
+    trainer.save_freq="$STEPS" trainer.default_local_dir="$RUN" actor_rollout_ref.actor.optim.lr="$LR"
+  CKPT=$RUN/checkpoints/global_step_$STEPS/actor
+fi
+if [ -e "$CKPT" ]; then
+  [ "$CKPT" = "$MODEL" ] || t bench_trained 120 python3 -m nonstop bench spec --model "$CKPT" --data "$DATA/train.jsonl" \
     --temperatures 1.0 --prompts 1,8,32 --repeats 2 --out "$OUT/bench_trained.json"
   for side in plain spec; do
     extra=()
     [ "$side" = spec ] && extra=(actor_rollout_ref.rollout.speculative.method=suffix)
     t "grpo_$side" 150 "${TRAIN[@]}" actor_rollout_ref.model.path="$CKPT" trainer.total_training_steps="$AB_STEPS" \
       trainer.save_freq=-1 trainer.default_local_dir="/tmp/runs/grpo_$side" "${extra[@]}"
+    cp "/tmp/runs/grpo_$side/metrics.jsonl" "$OUT/grpo_$side.metrics.jsonl" 2>/dev/null
   done
 else
   echo "no checkpoint at $CKPT: (c)'s bench and (d) skipped"

@@ -7,12 +7,14 @@ A verify step pays when the tokens it yields per sequence beat what its cost buy
 g_i is sequence i's accepted draft tokens per verify step it took part in (an exponentially weighted mean, 0 for a
 step where it had no draft; a new sequence starts from its group's or everyone's mean), t_verify and t_plain the
 wall times of recent verify steps and plain decode steps (medians of the last few, both measured by the engine at
-the batch sizes where it drafts), so the rule needs no constant measured elsewhere. A sequence whose g_i is below
-`MIN_GAIN` drafts nothing (its row decodes as in a plain step; probes aside), and a drafting sequence's draft
-length follows its last outcome: a fully accepted draft lets the next one grow by two, a rejection at position a
-caps it at a + 1. Every `PROBE_EVERY`-th step in the drafting range does the other thing once (verify while the rule
-says plain, with every sequence drafting, those below `MIN_GAIN` too; plain while it says verify), so both times and
-the acceptance stay current, at a bounded cost; while no verify step has been timed, a step with drafts verifies.
+the batch sizes where it drafts), so the rule needs no constant measured elsewhere. In a verify step every sequence
+drafts: the drafting range is where a step's cost hardly depends on its tokens, so a draft that may be rejected costs
+about nothing, while one left out cannot shorten the sequence that ends last, which is what the generation waits for.
+A sequence's draft length follows its outcomes between half the most and the most (a fully accepted draft lets the
+next one grow by two, a rejection at position a caps it at a + 1, never under the half). Every `PROBE_EVERY`-th step
+in the drafting range does the other thing once (verify while the rule says plain; plain while it says verify), so
+both times and the acceptance stay current, at a bounded cost; while no verify step has been timed, a step with
+drafts verifies.
 A plain step's time is learnt only when the step after it does not ask for drafts (asking reads the step in flight
 with nothing behind it), so a probe towards plain, and the range's first steps while no plain step is timed, run two
 plain steps.
@@ -29,7 +31,6 @@ from collections import deque
 
 from nonstop.config.rollout import SpeculativeConfig
 
-MIN_GAIN = 0.25  # accepted tokens per verify step below which a sequence's drafts are not worth their query tokens
 PROBE_EVERY = 16
 DECAY = 0.3  # weight of the newest outcome in g_i
 PRIOR_GAIN = 1.0  # g of a sequence before any outcome, with no group or global history either
@@ -44,6 +45,7 @@ class DraftPolicy:
     def __init__(self, config: SpeculativeConfig):
         self.always = config.draft_rule == "always"
         self.max_draft = config.num_speculative_tokens
+        self.min_draft = max(1, self.max_draft // 2)  # the shortest a sequence's draft length adapts down to
         self.gain: dict[int, float] = {}  # seq_id -> g
         self.cap: dict[int, int] = {}  # seq_id -> draft length cap
         self.global_gain = PRIOR_GAIN
@@ -58,16 +60,10 @@ class DraftPolicy:
         self.hold_plain = 0
 
     def draft_lengths(self, seq_ids: list[int]) -> list[int]:
-        """The draft length each sequence gets if the step verifies (0: none). A probe towards verifying drafts for
-        every sequence, gains below MIN_GAIN included: only a verify step can raise them again."""
+        """The draft length each sequence gets if the step verifies: every sequence drafts (module docstring)."""
         if self.always:
             return [self.max_draft] * len(seq_ids)
-        if self.probe_verify:
-            return [self.cap.get(s, self.max_draft) for s in seq_ids]
-        return [self._gated_length(s) for s in seq_ids]
-
-    def _gated_length(self, seq_id: int) -> int:
-        return 0 if self.gain.get(seq_id, self.global_gain) < MIN_GAIN else self.cap.get(seq_id, self.max_draft)
+        return [self.cap.get(s, self.max_draft) for s in seq_ids]
 
     def expected_gain(self, seq_ids: list[int], draft_lengths: list[int]) -> float:
         """Mean accepted tokens per sequence a verify step with these draft lengths is expected to add."""
@@ -117,7 +113,7 @@ class DraftPolicy:
             return False
         self.probing = self.steps_since_probe >= PROBE_EVERY
         self.steps_since_probe = 0 if self.probing else self.steps_since_probe + 1
-        ask = self._worth_asking(seq_ids, [self._gated_length(s) for s in seq_ids])
+        ask = self._worth_asking(seq_ids, self.draft_lengths(seq_ids))
         self.probe_verify = self.probing and not ask
         if self.probing and ask:
             self.hold_plain = 1  # a probe towards plain: two plain steps, so that one is timed
@@ -136,7 +132,7 @@ class DraftPolicy:
             old = gain.get(seq_id, self.global_gain)
             gain[seq_id] = old + DECAY * (a - old)
             if k:
-                cap[seq_id] = min(self.max_draft, k + 2) if a == k else a + 1
+                cap[seq_id] = min(self.max_draft, k + 2) if a == k else max(a + 1, self.min_draft)
         self.global_gain += DECAY * (sum(accepted) / len(accepted) - self.global_gain)
 
     def decoded(self, num_steps: int, wall_s: float) -> None:
