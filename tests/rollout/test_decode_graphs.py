@@ -133,9 +133,10 @@ def test_captures_are_counted_in_the_call_that_made_them(model):
     assert "rollout/graph_captures" not in llm.metrics and len(graphs.graphs) == first["rollout/graph_captures"]
 
 
-def test_the_first_verify_launch_captures_every_verify_bucket(model):
-    """Verify steps change their row and draft-length buckets from step to step: the first one captures them all (for
-    its sampler flags), so later verify launches replay; tokens stay plain decoding's."""
+def test_verify_launches_capture_only_the_shapes_they_use(model):
+    """A verify graph is captured the first time a launch needs its (rows, draft length) bucket, and only that one: on
+    the H200 a capture costs about a quarter of a second, and capturing every verify bucket at the first verify launch
+    cost a GRPO step 6 s. Tokens stay plain decoding's; a second call replays what the first captured."""
     prompts = random_prompts([6, 11, 4], seed=3)
     # Requests ending one after another: verify steps of 6, then 4, then 2 rows, with drafts cut short at the ends.
     params = [SamplingParams(n=2, temperature=0.0, max_tokens=m, ignore_eos=True) for m in (6, 10, 14)]
@@ -143,10 +144,9 @@ def test_the_first_verify_launch_captures_every_verify_bucket(model):
     drafter = PartlyWrongDrafter.from_outputs(prompts, plain, TINY["vocab_size"])
     llm, graphs, _ = with_graphs(speculative_llm(model, drafter, block_size=4, max_num_seqs=8))
     assert token_ids(llm.generate(prompts, params)) == token_ids(plain)
-    verify = {(s.num_rows // s.num_query, s.num_query) for s in graphs.graphs if s.num_query > 1}
-    assert verify == {(rows, 1 + d) for rows in (1, 2, 4, 8) for d in (1, 2, 4)}
     replayed = [s for s in graphs.replayed if s.num_query > 1]
     assert len({(s.num_rows, s.num_query) for s in replayed}) > 1 and llm.stats.num_verify_steps == len(replayed)
+    assert {s for s in graphs.graphs if s.num_query > 1} == set(replayed)
     captures = graphs.num_captures
     assert token_ids(llm.generate(prompts, params)) == token_ids(plain) and graphs.num_captures == captures
 

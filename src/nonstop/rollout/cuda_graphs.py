@@ -4,9 +4,8 @@ draft) replayed as one graph.
 
 Its static inputs are the runner's persistent buffers, so a replay copies nothing. Batch sizes are bucketed
 (`graph_batch_sizes`, or `cudagraph_capture_sizes`; a larger batch decodes eagerly), padding rows write into the
-scratch block; a graph is keyed by `LaunchShape` and captured lazily, the first time a launch needs it (a verify
-launch captures all its sibling buckets then: ModelRunner._capture_verify_shapes), and kept across a KV
-release/resume that lands at the same address. docs/engine.md has the design.
+scratch block; a graph is keyed by `LaunchShape` and captured lazily, the first time a launch needs it, and kept
+across a KV release/resume that lands at the same address. docs/engine.md has the design.
 """
 
 from __future__ import annotations

@@ -334,7 +334,7 @@ class ModelRunner:
         plan = self.verify_planner.plan(batch)
         shape = plan.shape
         if plan.use_graph and not self.graphs.has(shape):
-            self._capture_verify_shapes(shape)  # before the upload: capturing overwrites the buffer's rows
+            self.graphs.capture(shape)  # before the upload: capturing overwrites the buffer's rows
         self.verify_buffers.upload(num_block_table_rows=plan.num_rows)
         self._stage_stop_mask(plan.banned, self.verify_stop_mask_TV, shape.num_rows)
         # Every token of the next step is known on the host (the engine reads a verify step before the next).
@@ -344,20 +344,6 @@ class ModelRunner:
         else:
             self.verify_launch(shape)
         return self.sampled.read_back(1, shape.num_rows, plan.rows)
-
-    def _capture_verify_shapes(self, shape: LaunchShape) -> None:
-        """A verify launch needs a shape not yet captured: capture every (row bucket, draft-length bucket) the verify
-        buffers hold, with this launch's sampler flags, at once. Verify steps change both buckets from step to step,
-        and a capture costs many steps: one at a time, they would land inside the timed steps the draft rule learns
-        from, and inside every generation until all were met."""
-        graphs, planner = self.graphs, self.verify_planner
-        for rows in graphs.batch_sizes:
-            if rows > planner.max_rows:
-                break
-            for draft in planner.buckets:
-                sibling = shape._replace(num_rows=rows * (1 + draft), num_query=1 + draft)
-                if not graphs.has(sibling):
-                    graphs.capture(sibling)
 
     @torch.inference_mode()
     def launch(self, batch: ScheduledBatch) -> SampledStep:
