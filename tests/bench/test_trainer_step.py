@@ -184,3 +184,31 @@ def test_the_ranks_join_with_the_configured_collective_timeout(tmp_path, monkeyp
     args = trainer_step.parser().parse_args([*TINY_ARGS, "--override", "actor_rollout_ref.nccl_timeout=77"])
     trainer_step.write_inputs(TINY, args, tmp_path)
     assert seen == [77]
+
+
+def test_the_launch_shapes_each_step_captured_are_listed(tmp_path):
+    """Captures cost a fraction of a second each on a GPU, so a bench run lists the CUDA-graph launch shapes each step
+    captured: here the engine's graphs are a CPU stand-in that records shapes and runs launches eagerly."""
+    from nonstop.rollout.cuda_graphs import DecodeGraphs
+
+    class Recording(DecodeGraphs):
+        def capture(self, shape):
+            super().capture(shape)
+            self.runner.planner.staged_constants = [None, None]  # CPU: the capture's padding overwrote them
+
+        def _record(self, shape):
+            return None
+
+        def replay(self, shape):
+            self._launch(shape)
+
+    def plant(trainer):
+        runner = trainer.llm.llm_engine.model_runner
+        runner.graphs = Recording(runner, runner.max_num_seqs)
+
+    args = trainer_step.parser().parse_args([*TINY_ARGS, "--sides", "nonstop", "--steps", "2"])
+    trainer_step.write_inputs(TINY, args, tmp_path)
+    result = trainer_step.run_nonstop(tmp_path, args, prepare=plant)
+    by_step = result["graph_shapes_captured_by_step"]
+    assert len(by_step) == 3 and by_step[0] and not by_step[1] and not by_step[2]  # the same shapes after step 1
+    assert all(len(shape) == 9 for step in by_step for shape in step)  # LaunchShape's fields

@@ -126,15 +126,19 @@ def run_nonstop(
     log = getattr(trainer, "log", None)  # metrics.jsonl in the run directory, so `nonstop doctor` can read the run
     if log is not None:
         log.start(total, None)
-    times, rows = [], []
+    times, rows, captured = [], [], []
+    graphs = graphs_of(trainer)
     try:
         for step in range(1, total + 1):
             device_sync()
             start = time.perf_counter()
+            known = set(list(graphs.graphs)) if graphs is not None else set()
             metrics = trainer.step(step)
             device_sync()
             times.append(time.perf_counter() - start)
             rows.append(metrics)
+            if graphs is not None:  # the launch shapes this step captured (a capture costs a fraction of a second)
+                captured.append([list(shape) for shape in list(graphs.graphs) if shape not in known])
             print(f"nonstop step {step}: {times[-1]:.3f} s", flush=True)
             if log is not None and metrics:
                 log.write(step, metrics)
@@ -155,7 +159,16 @@ def run_nonstop(
     samples = sum(r["perf/total_num_tokens"] / (r["prompt_length/mean"] + r["response_length/mean"]) for r in kept)
     result["trained_samples_per_s"] = samples / timed_s
     result["min_response_length"] = min(row["response_length/min"] for row in rows)
+    if captured:
+        result["graph_shapes_captured_by_step"] = captured  # LaunchShape fields, in order, per step
     return result
+
+
+def graphs_of(trainer: Any):
+    """The in-process engine's CUDA graphs (`DecodeGraphs`), or None (CPU, eager, a rollout on other ranks)."""
+    llm = getattr(trainer, "llm", None)
+    runner = getattr(getattr(llm, "llm_engine", None), "model_runner", None)
+    return getattr(runner, "graphs", None)
 
 
 # -- TRL --------------------------------------------------------------------------------------------------------------
