@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from nonstop.bench.graph_shapes import CapturedShapes
 from nonstop.bench.trainer_inputs import (
     REWARD_NAME,
     long_tail,
@@ -107,12 +108,11 @@ def run_nonstop(
     work: Path, args: argparse.Namespace, prepare: Callable[[Any], None] | None = None, after_steps: int = 0
 ) -> dict[str, Any] | None:
     """`prepare(trainer)` adjusts the built trainer before its first step (bench modes: per-prompt max_tokens).
-    `after_steps` more steps run after the timed ones and are left out of every result (a profiled step: the
-    profiler makes it several times slower); they set `trainer.total_training_steps`, over any given override.
-    None on a rollout rank of split placement, which steps along but measures nothing (its steps report no
-    metrics: they travel to the trainer ranks). `--response-lengths longtail` (`args.response_lengths`) sets the
-    long-tailed lengths and one more step after the timed ones: a run's last step finishes every sequence a
-    carry-over holds, and the steady state is what is timed."""
+    `after_steps` more steps run after the timed ones and are left out of every result (a profiled step, several
+    times slower); they set `trainer.total_training_steps`, over any given override. None on a rollout rank of split
+    placement, which steps along but measures nothing (its steps report no metrics: they travel to the trainer
+    ranks). `--response-lengths longtail` (`args.response_lengths`) sets the long-tailed lengths and one more step
+    after the timed ones: a run's last step finishes every sequence a carry-over holds; the steady state is timed."""
     from nonstop.config import load_config
     from nonstop.trainer import build_trainer
 
@@ -123,22 +123,19 @@ def run_nonstop(
     trainer = build_trainer(load_config(None, overrides), console=False)
     if prepare is not None:
         prepare(trainer)
+    shapes = CapturedShapes(trainer)
     log = getattr(trainer, "log", None)  # metrics.jsonl in the run directory, so `nonstop doctor` can read the run
     if log is not None:
         log.start(total, None)
-    times, rows, captured = [], [], []
-    graphs = graphs_of(trainer)
+    times, rows = [], []
     try:
         for step in range(1, total + 1):
             device_sync()
             start = time.perf_counter()
-            known = set(list(graphs.graphs)) if graphs is not None else set()
             metrics = trainer.step(step)
             device_sync()
             times.append(time.perf_counter() - start)
             rows.append(metrics)
-            if graphs is not None:  # the launch shapes this step captured (a capture costs a fraction of a second)
-                captured.append([list(shape) for shape in list(graphs.graphs) if shape not in known])
             print(f"nonstop step {step}: {times[-1]:.3f} s", flush=True)
             if log is not None and metrics:
                 log.write(step, metrics)
@@ -159,16 +156,8 @@ def run_nonstop(
     samples = sum(r["perf/total_num_tokens"] / (r["prompt_length/mean"] + r["response_length/mean"]) for r in kept)
     result["trained_samples_per_s"] = samples / timed_s
     result["min_response_length"] = min(row["response_length/min"] for row in rows)
-    if captured:
-        result["graph_shapes_captured_by_step"] = captured  # LaunchShape fields, in order, per step
+    shapes.report(result, args.warmup + args.steps)
     return result
-
-
-def graphs_of(trainer: Any):
-    """The in-process engine's CUDA graphs (`DecodeGraphs`), or None (CPU, eager, a rollout on other ranks)."""
-    llm = getattr(trainer, "llm", None)
-    runner = getattr(getattr(llm, "llm_engine", None), "model_runner", None)
-    return getattr(runner, "graphs", None)
 
 
 # -- TRL --------------------------------------------------------------------------------------------------------------
