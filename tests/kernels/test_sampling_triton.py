@@ -8,6 +8,7 @@ reference sums the distribution in float64, the kernel in fp32), which `assert_s
 Legend: N rows, V vocabulary.
 """
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import pytest
@@ -167,23 +168,44 @@ def test_triton_interpreter_matches_reference():
 
 # Upper 0.1% points of the chi-square distribution with 6 and 7 degrees of freedom.
 CHI2_999 = {6: 22.46, 7: 24.32}
+FREQUENCY_LOGITS = [2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -2.0]
+FREQUENCY_ROWS = 1000  # a part: T = 1, then T = 0.6 with token 0 stop-masked
+# The interpreter runs one program at a time, on one core: CI's two cores draw half the rows each.
+FREQUENCY_CHILDREN = 2
 
 
-def check_frequencies_under_interpreter() -> None:
-    """The kernel's own draws against the exact distribution (Pearson's chi-square at significance 0.001, fixed seeds):
-    1000 rows at T = 1 and 1000 at T = 0.6 with token 0 stop-masked, over an 8-token vocabulary in 2 tiles of 4."""
+def draw_frequency_rows(first: int, step: int) -> list[int]:
+    """The kernel's tokens for rows first, first + step, ... of the 2 * FREQUENCY_ROWS (row n seeded n), in one
+    launch that mixes both parts."""
     from nonstop.kernels.sampling_triton import sample_triton
 
-    logits_V = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -2.0])
-    rows = 1000
-    temperature_N = torch.cat([torch.ones(rows), torch.full((rows,), 0.6)])
-    mask_NV = torch.zeros(2 * rows, 8, dtype=torch.bool)
-    mask_NV[rows:, 0] = True
-    zero = torch.zeros(2 * rows, dtype=torch.int64)
+    n_N = torch.arange(first, 2 * FREQUENCY_ROWS, step)
+    second_part_N = n_N >= FREQUENCY_ROWS
+    temperature_N = torch.where(second_part_N, 0.6, 1.0)
+    mask_NV = torch.zeros(len(n_N), len(FREQUENCY_LOGITS), dtype=torch.bool)
+    mask_NV[second_part_N, 0] = True
+    zero = torch.zeros(len(n_N), dtype=torch.int64)
     tokens, _ = sample_triton(
-        logits_V.expand(2 * rows, -1).contiguous(), temperature_N, torch.arange(2 * rows), zero, zero, 0, mask_NV,
+        torch.tensor(FREQUENCY_LOGITS).expand(len(n_N), -1).contiguous(), temperature_N, n_N, zero, zero, 0, mask_NV,
         False, block=4,
     )  # fmt: skip
+    return tokens.tolist()
+
+
+def test_triton_interpreter_draws_the_distribution():
+    """The kernel's own draws against the exact distribution (Pearson's chi-square at significance 0.001, fixed seeds):
+    1000 rows at T = 1 and 1000 at T = 0.6 with token 0 stop-masked, over an 8-token vocabulary in 2 tiles of 4."""
+
+    def draw(first: int) -> list[int]:
+        return run_under_interpreter("test_sampling_triton", "draw_frequency_rows", first, FREQUENCY_CHILDREN)
+
+    with ThreadPoolExecutor(FREQUENCY_CHILDREN) as pool:
+        drawn = list(pool.map(draw, range(FREQUENCY_CHILDREN)))
+    tokens = torch.empty(2 * FREQUENCY_ROWS, dtype=torch.int64)
+    for first, rows_tokens in enumerate(drawn):
+        tokens[first::FREQUENCY_CHILDREN] = torch.tensor(rows_tokens)
+    logits_V = torch.tensor(FREQUENCY_LOGITS)
+    rows = FREQUENCY_ROWS
     for part, temperature, banned in ((tokens[:rows], 1.0, None), (tokens[rows:], 0.6, 0)):
         probs = (logits_V / temperature).double().softmax(-1)
         if banned is not None:
@@ -196,10 +218,6 @@ def check_frequencies_under_interpreter() -> None:
         chi2 = ((counts[support] - expected) ** 2 / expected).sum().item()
         df = int(support.sum()) - 1
         assert chi2 < CHI2_999[df], f"T={temperature}: chi2={chi2:.1f} (df={df}); counts {counts.tolist()}"
-
-
-def test_triton_interpreter_draws_the_distribution():
-    run_under_interpreter("test_sampling_triton", "check_frequencies_under_interpreter")
 
 
 QWEN_VOCAB = 151_936

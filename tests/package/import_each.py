@@ -6,7 +6,8 @@ What the children share is third-party: first one forked child imports every nam
 third-party modules that loaded, in their order; this process imports those, then forks one child per module. So each
 child runs only nonstop's own module code (a second or two of torch and transformers per child would otherwise make
 the run minutes long); the package is compiled once, into a temporary bytecode cache the children read (this
-environment sets PYTHONDONTWRITEBYTECODE, so each child would compile it again). The one thing this can hide is a
+environment sets PYTHONDONTWRITEBYTECODE, so each child would compile it again), set once the third-party modules are
+imported (a cache prefix hides their own bytecode). The one thing this can hide is a
 nonstop module that reaches a third-party submodule it never imports (`torch.x.y` without `import torch.x.y`).
 
     python import_each.py MODULE... -> one line per failing module, `MODULE<TAB>error`, and exit status 1 if any
@@ -85,23 +86,33 @@ def import_alone(name: str) -> bytes:
 
 def main(names: list[str]) -> int:
     assert not any(_ours(m) for m in sys.modules), "this process must not have imported nonstop"
+    error = import_third_party_loaded_by(names)
+    if error is not None:
+        print(f"(all together)\t{error}")
+        return 1
+    # Only now: a bytecode prefix hides every __pycache__, third-party ones too, and torch and transformers compiled
+    # from source take twice as long to import (in the first child and here).
     with tempfile.TemporaryDirectory() as cache:
         sys.pycache_prefix = cache
         compileall.compile_dir(Path(__file__).resolve().parents[2] / "src" / "nonstop", quiet=1)
         return import_each(names)
 
 
-def import_each(names: list[str]) -> int:
+def import_third_party_loaded_by(names: list[str]) -> str | None:
+    """Import what importing every named module loads of third-party code, learned in a child; its error if any."""
     status, out = finish(*fork(third_party_loaded_by, names), time.monotonic() + CHILD_TIMEOUT_S)
     if status != 0:
-        print(f"(all together)\t{out.decode().strip()}")
-        return 1
+        return out.decode().strip()
     for module in out.decode().split():
         try:
             importlib.import_module(module)
         except Exception:  # a module registered under another name (an alias): its package imported it already
             pass
     assert not any(_ours(m) for m in sys.modules), "a third-party module imported nonstop"
+    return None
+
+
+def import_each(names: list[str]) -> int:
     failures, running, pending = {}, [], list(names)
     while pending or running:
         while pending and len(running) < PARALLEL:
