@@ -188,23 +188,14 @@ def test_the_ranks_join_with_the_configured_collective_timeout(tmp_path, monkeyp
 
 def test_the_launch_shapes_each_step_captured_are_listed(tmp_path):
     """Captures cost a fraction of a second each on a GPU, so a bench run lists the CUDA-graph launch shapes each step
-    captured: here the engine's graphs are a CPU stand-in that records shapes and runs launches eagerly."""
-    from nonstop.rollout.cuda_graphs import DecodeGraphs
-
-    class Recording(DecodeGraphs):
-        def capture(self, shape):
-            super().capture(shape)
-            self.runner.planner.staged_constants = [None, None]  # CPU: the capture's padding overwrote them
-
-        def _record(self, shape):
-            return None
-
-        def replay(self, shape):
-            self._launch(shape)
+    captured: here the engine's graphs are the rollout tests' CPU stand-in, which runs launches eagerly."""
+    sys.path.insert(0, str(Path(__file__).parent.parent / "rollout"))
+    from test_decode_graphs import EagerReplay
 
     def plant(trainer):
         runner = trainer.llm.llm_engine.model_runner
-        runner.graphs = Recording(runner, runner.max_num_seqs)
+        runner.graphs = EagerReplay(runner, runner.max_num_seqs)
+        runner.graphs.replayed = []
 
     args = trainer_step.parser().parse_args([*TINY_ARGS, "--sides", "nonstop", "--steps", "2"])
     trainer_step.write_inputs(TINY, args, tmp_path)

@@ -17,7 +17,7 @@ class CapturedShapes:
     """Wraps `trainer.step` to list, per step, the launch shapes (`LaunchShape` fields) that step captured."""
 
     def __init__(self, trainer: Any):
-        self.trainer, self.by_step = trainer, []
+        self.by_step: list[list[list]] = []
         step = trainer.step
 
         def recorded(*args, **kwargs):
