@@ -2,7 +2,7 @@
 `nonstop bench trainer`'s long-tailed workload (32 prompts x 8, log-normal response budgets, median 192, sigma 0.8,
 cap 1024), with a tiny random model on CPU.
 
-On the H200 a decode step of the Qwen2.5-0.5B shape costs about the same at any batch up to 256 (its weight reads),
+On a GPU a decode step of a small model costs about the same at any batch up to a few hundred (its weight reads),
 so a rollout's engine steps stand for its generation time there; counting them on CPU says which tail settings can
 shorten generation before a GPU measures any. Trained tokens per step say what the update costs.
 

@@ -3,7 +3,7 @@
 TRITON_INTERPRET=1 has to be set before triton is first imported, and the pytest process has usually imported it
 already, so each interpreter test starts a fresh Python with it set. The child patches the interpreter first: a fix
 for numpy >= 2.4, then three cuts of repeated or unread work that leave every value a kernel computes as it was
-(3-4x faster on kernels with small tiles, where the interpreter's time goes to Python per operation, not to numpy).
+(on kernels with small tiles the interpreter's time goes to Python per operation, not to numpy; dev log).
 """
 
 import dataclasses

@@ -134,9 +134,9 @@ def test_captures_are_counted_in_the_call_that_made_them(model):
 
 
 def test_verify_launches_capture_only_the_shapes_they_use(model):
-    """A verify graph is captured the first time a launch needs its (rows, draft length) bucket, and only that one: on
-    the H200 a capture costs about a quarter of a second, and capturing every verify bucket at the first verify launch
-    cost a GRPO step 6 s. Tokens stay plain decoding's; a second call replays what the first captured."""
+    """A verify graph is captured the first time a launch needs its (rows, draft length) bucket, and only that one: a
+    capture costs many steps, so capturing every verify bucket ahead costs more than the shapes a run uses (dev log).
+    Tokens stay plain decoding's; a second call replays what the first captured."""
     prompts = random_prompts([6, 11, 4], seed=3)
     # Requests ending one after another: verify steps of 6, then 4, then 2 rows, with drafts cut short at the ends.
     params = [SamplingParams(n=2, temperature=0.0, max_tokens=m, ignore_eos=True) for m in (6, 10, 14)]
