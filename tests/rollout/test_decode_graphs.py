@@ -153,3 +153,21 @@ def test_verify_launches_capture_only_the_shapes_they_use(model):
 
 def token_ids(outputs) -> list[list[int]]:
     return [c.token_ids for o in outputs for c in o.outputs]
+
+
+def test_a_decode_capture_brings_the_smaller_buckets_along(model):
+    """The first capture of a decode shape also captures every smaller bucket of the same flags (the buckets a
+    shrinking batch meets): a later call whose batch sits in a smaller bucket replays and captures nothing. Here the
+    first call's ten requests end together, so only its launches' bucket (16) is ever needed; a lazy capture would
+    meet bucket 4 in the second call."""
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    llm, graphs, launches = with_graphs(LLM(model, block_size=4, max_num_seqs=16))
+    llm.generate(random_prompts([5, 17, 33, 1, 12, 9, 26, 3, 7, 20], seed=4), params)
+    assert {bucket for _, bucket in launches} == {16}
+    assert {s.num_rows for s in graphs.graphs} == {16, 8, 4, 2, 1}
+    captures = graphs.num_captures
+    prompts = random_prompts([6, 11, 4], seed=3)
+    got = token_ids(llm.generate(prompts, params))
+    assert graphs.num_captures == captures and "rollout/graph_captures" not in llm.metrics
+    assert {bucket for _, bucket in launches[-1:]} == {4}
+    assert got == token_ids(LLM(model, block_size=4, max_num_seqs=16).generate(prompts, params))

@@ -4,8 +4,9 @@ draft) replayed as one graph.
 
 Its static inputs are the runner's persistent buffers, so a replay copies nothing. Batch sizes are bucketed
 (`graph_batch_sizes`, or `cudagraph_capture_sizes`; a larger batch decodes eagerly), padding rows write into the
-scratch block; a graph is keyed by `LaunchShape` and captured lazily, the first time a launch needs it, and kept
-across a KV release/resume that lands at the same address. docs/engine.md has the design.
+scratch block; a graph is keyed by `LaunchShape` and captured lazily, the first time a launch needs it (a decode
+shape with the smaller buckets it will shrink through), and kept across a KV release/resume that lands at the same
+address. docs/engine.md has the design.
 """
 
 from __future__ import annotations
@@ -54,9 +55,19 @@ class DecodeGraphs:
         return self.kv_ptr is not None and self.kv_ptr != kv_ptr
 
     def capture(self, shape: LaunchShape) -> None:
-        """Capture one launch shape, the first time a launch needs it: an RL rollout uses a few, so capturing every
-        possible one after every `resume` would cost more than it saves. It overwrites the step buffer's first
-        `shape.num_rows` decode rows: call it before a launch's upload."""
+        """Capture a launch shape the first time a launch needs it, and with a plain decode shape every smaller
+        bucket of the same flags: a decode batch shrinks through them as its requests end, and a batch whose tail
+        reaches them rarely (the carry-over's) would otherwise meet them one at a time, inside later steps' timed
+        generations. Verify and cascade shapes are many and rarely all met, so each is captured alone. Capturing
+        overwrites the step buffer's decode rows: call it before a launch's upload."""
+        smaller = []
+        if shape.num_query == 1 and not shape.cascade_rows:
+            smaller = [shape._replace(num_rows=b) for b in self.batch_sizes if b < shape.num_rows]
+        for s in [shape, *smaller]:
+            if s not in self.graphs:
+                self._capture_one(s)
+
+    def _capture_one(self, shape: LaunchShape) -> None:
         r = self.runner
         # Capture-time inputs: every row a padding row, so the warm-up and capture write only the scratch block.
         if shape.num_query > 1:
