@@ -7,7 +7,7 @@ from nonstop.config.rollout import SpeculativeConfig
 from nonstop.rollout import SamplingParams
 from nonstop.rollout.sequence import Sequence
 from nonstop.rollout.spec.history import ResponseHistory
-from nonstop.rollout.spec.policy import DECAY, PROBE_EVERY, DraftPolicy
+from nonstop.rollout.spec.policy import DECAY, MAX_PROBE_EVERY, PROBE_EVERY, DraftPolicy
 from nonstop.rollout.spec.suffix import SuffixDrafter
 
 PROMPT = [1, 2, 3, 4, 5]
@@ -130,19 +130,33 @@ def test_a_verify_step_that_captured_a_graph_teaches_acceptance_but_not_cost():
     assert p.cost_ratio() == pytest.approx(1.5)
 
 
-def test_auto_probes_the_other_way_every_so_often():
+def test_auto_probes_the_other_way_less_often_while_probes_do_not_pay():
+    """Where verifying never pays, a probe verifies after PROBE_EVERY plain steps, then after twice as many each time
+    (each probe cost the run a verify step that lost), up to MAX_PROBE_EVERY; a probe that pays brings the interval
+    back to PROBE_EVERY."""
     p = policy()
     p.plain_times.extend([1.0] * 4)
     p.verify_times.extend([10.0] * 4)  # verifying never pays
-    decisions = []
-    for _ in range(2 * PROBE_EVERY + 2):
-        verify = p.may_verify([1]) and p.should_verify([1], [4])
-        decisions.append(verify)
-        if verify:
-            p.verified([1], [4], [0], wall_s=10.0)
-        else:
-            p.decoded(num_steps=1, wall_s=1.0)
-    assert decisions.count(True) == 2 and decisions[PROBE_EVERY] and decisions[2 * PROBE_EVERY + 1]
+
+    def run(steps: int, accepted: int, verify_s: float) -> list[int]:
+        verified_at = []
+        for i in range(steps):
+            if p.may_verify([1]) and p.should_verify([1], [4]):
+                verified_at.append(i)
+                p.verified([1], [4], [accepted], wall_s=verify_s)
+            else:
+                p.decoded(num_steps=1, wall_s=1.0)
+        return verified_at
+
+    at = run(4000, accepted=0, verify_s=10.0)
+    gaps = [b - a - 1 for a, b in zip([-1, *at], at)]  # plain steps before each probe
+    expected = [min(PROBE_EVERY << i, MAX_PROBE_EVERY) for i in range(len(gaps))]
+    assert gaps == expected and gaps[-1] == MAX_PROBE_EVERY and len(at) <= 4000 / PROBE_EVERY / 8
+    # Verify steps get cheap (2 plain steps) and drafts fully accepted: the next probe pays (1 + 4 >= 2), the interval
+    # is PROBE_EVERY again and the rule verifies on merit from then on.
+    p.verify_times.extend([2.0] * 8)
+    at = run(MAX_PROBE_EVERY + 1, accepted=4, verify_s=2.0)
+    assert p.probe_every == PROBE_EVERY and len(at) > MAX_PROBE_EVERY / 2
 
 
 def test_a_step_with_drafts_verifies_while_no_verify_step_was_timed():

@@ -11,10 +11,12 @@ the batch sizes where it drafts), so the rule needs no constant measured elsewhe
 drafts: the drafting range is where a step's cost hardly depends on its tokens, so a draft that may be rejected costs
 about nothing, while one left out cannot shorten the sequence that ends last, which is what the generation waits for.
 A sequence's draft length follows its outcomes between half the most and the most (a fully accepted draft lets the
-next one grow by two, a rejection at position a caps it at a + 1, never under the half). Every `PROBE_EVERY`-th step
-in the drafting range does the other thing once (verify while the rule says plain; plain while it says verify), so
-both times and the acceptance stay current, at a bounded cost; while no verify step has been timed, a step with
-drafts verifies.
+next one grow by two, a rejection at position a caps it at a + 1, never under the half). Every so often a step in the
+drafting range does the other thing once (verify while the rule says plain; plain while it says verify), so both
+times and the acceptance stay current: after `PROBE_EVERY` steps at first; a probe that verified and did not pay
+doubles the interval (up to `MAX_PROBE_EVERY`), one that paid brings it back, so where verifying loses (a dear
+verify step, a model that rambles) the probes' cost shrinks to a few steps a run instead of one step in
+`PROBE_EVERY`. While no verify step has been timed, a step with drafts verifies.
 A plain step's time is learnt only when the step after it does not ask for drafts (asking reads the step in flight
 with nothing behind it), so a probe towards plain, and the range's first steps while no plain step is timed, run two
 plain steps.
@@ -32,6 +34,7 @@ from collections import deque
 from nonstop.config.rollout import SpeculativeConfig
 
 PROBE_EVERY = 16
+MAX_PROBE_EVERY = 512
 DECAY = 0.3  # weight of the newest outcome in g_i
 PRIOR_GAIN = 1.0  # g of a sequence before any outcome, with no group or global history either
 TIMES_KEPT = 8
@@ -52,6 +55,7 @@ class DraftPolicy:
         self.verify_times: deque[float] = deque(maxlen=TIMES_KEPT)
         self.plain_times: deque[float] = deque(maxlen=TIMES_KEPT)
         self.steps_since_probe = 0
+        self.probe_every = PROBE_EVERY  # steps between probes: doubles while verifying probes do not pay
         self.probing = False  # this step probes (decided once per step, by may_verify)
         self.probe_verify = False  # ... towards verifying (the rule said plain)
         self.ask_yield = 1.0  # share of recent asks for drafts that verified
@@ -111,7 +115,7 @@ class DraftPolicy:
         if not self.plain_times:
             self.hold_plain = 1  # two plain steps: the first one's time is learnt at the second's launch
             return False
-        self.probing = self.steps_since_probe >= PROBE_EVERY
+        self.probing = self.steps_since_probe >= self.probe_every
         self.steps_since_probe = 0 if self.probing else self.steps_since_probe + 1
         ask = self._worth_asking(seq_ids, self.draft_lengths(seq_ids))
         self.probe_verify = self.probing and not ask
@@ -127,6 +131,10 @@ class DraftPolicy:
         """A verify step's outcome: per sequence its draft length and accepted tokens; its wall time (None: not a
         step's time, e.g. it captured a CUDA graph)."""
         self._record_time(verify=True, wall_s=wall_s)
+        ratio = self.cost_ratio()
+        if self.probe_verify and ratio is not None:  # a probe towards verifying: did it pay?
+            paid = 1 + sum(accepted) / len(accepted) >= ratio
+            self.probe_every = PROBE_EVERY if paid else min(2 * self.probe_every, MAX_PROBE_EVERY)
         gain, cap = self.gain, self.cap
         for seq_id, k, a in zip(seq_ids, drafts, accepted, strict=True):
             old = gain.get(seq_id, self.global_gain)
