@@ -9,7 +9,7 @@
 #   (d) sync GRPO steps from that checkpoint without and with speculation: timing_s/gen and timing_s/step
 # $OUT gets summary.txt, bench_untrained.json, bench_trained.json, grpo_ab.json and logs.tgz (every log).
 # SKIP_TESTS=1 skips (a). STEPS (GRPO steps of (c), default 15), LR (its learning rate, default 1e-5), AB_STEPS
-# (steps per side of (d), default 4), TEMPS and PROMPTS (of (b), default 0.6,1.0 and 1,8,32) change the sizes;
+# (steps per side of (d), default 4), TEMPS, PROMPTS and REPEATS (of (b), default 0.6,1.0, 1,8,32 and 3) change the sizes;
 # AB_FROM=untrained skips (c) and runs (d) from MODEL. Each side of (d) leaves its metrics.jsonl in $OUT.
 source "$(dirname "$0")/common.sh"
 MODEL=${1:-$HOME/SmolLM2-135M-Instruct.Q4_1.gguf}
@@ -26,7 +26,8 @@ TRAIN=(python3 -m nonstop train examples/gsm8k_smollm2.yaml data.train_files=/tm
 [ -n "${SKIP_TESTS:-}" ] || gpu_test tests 150 tests/rollout/test_spec_gpu.py $(ls tests/kernels/test_paged_verify*.py 2>/dev/null)
 
 t bench_untrained 180 python3 -m nonstop bench spec --model "$MODEL" --data "$DATA/train.jsonl" \
-  --temperatures "${TEMPS:-0.6,1.0}" --prompts "${PROMPTS:-1,8,32}" --repeats 3 --out "$OUT/bench_untrained.json"
+  --temperatures "${TEMPS:-0.6,1.0}" --prompts "${PROMPTS:-1,8,32}" --repeats "${REPEATS:-3}" \
+  --out "$OUT/bench_untrained.json"
 
 RUN=/tmp/runs/spec_train
 if [ "${AB_FROM:-}" = untrained ]; then
