@@ -44,8 +44,9 @@ from nonstop.config.reward import DEFAULT_MAX_REWARD_WORKERS
 from . import registry
 from .custom import CustomRewardFunction, load_custom_reward_fn
 from .errors import RewardSetupError
+from .pool_window import PoolWindow
 from .registry import default_compute_score
-from .scoring import NO_USAGE, RewardResult, Usage, score_one, shorten
+from .scoring import RewardResult, Usage, score_one, shorten
 from .sizing import PoolSizer
 from .worker import worker_main
 
@@ -78,21 +79,6 @@ class _Worker:
     suspect: bool = False  # tasks[0] has run past the suspect time
 
 
-@dataclass
-class _Window:
-    """What happened since the last `pop_metrics`."""
-
-    first_submit: float | None = None
-    last_submit: float | None = None
-    last_result: float | None = None
-    scored: int = 0
-    errors: int = 0
-    timeouts: int = 0
-    busy_s: float = 0.0
-    collect_wait_s: float = 0.0
-    usage: Usage = NO_USAGE  # of the samples scored in workers
-
-
 class RewardPool:
     def __init__(
         self,
@@ -120,7 +106,7 @@ class RewardPool:
         self._seq = itertools.count()
         self._retired: list[_Worker] = []
         self._logged: set[tuple] = set()
-        self._window = _Window()
+        self._window = PoolWindow()
         self._fatal: str | None = None
         self._closed = False
         self._workers: list[_Worker] = []
@@ -237,35 +223,13 @@ class RewardPool:
             return {i: self._results.pop(i) for i in ids}
 
     def pop_metrics(self) -> dict[str, float]:
-        """Metrics since the previous call. `reward/critical_path_s` (last submit to last result) is the part of
-        scoring that generation did not hide; `reward/overlap_s` is the part it did. With worker processes also
-        `reward/num_workers` and, once a worker scored, `reward/cpu_frac` and `reward/cpu_demand_frac` (metric_names.py
-        defines them). A self-sized pool then judges its size again."""
+        """Metrics since the previous call (`PoolWindow.metrics`: reward/critical_path_s, reward/overlap_s, ...). A
+        self-sized pool then judges its size again."""
         with self._cond:
-            w, self._window = self._window, _Window()
+            w, self._window = self._window, PoolWindow()
             workers = self.num_workers
             self._resize()
-        wall = w.last_result - w.first_submit if w.last_result is not None and w.first_submit is not None else 0.0
-        # A window can hold results without submits: under the overlap modes scoring of samples submitted before
-        # the previous call can finish after it.
-        scored_after_submit = w.last_result is not None and w.last_submit is not None
-        critical = max(0.0, w.last_result - w.last_submit) if scored_after_submit else 0.0
-        metrics = {
-            "reward/num_scored": float(w.scored),
-            "reward/errors": float(w.errors),
-            "reward/timeouts": float(w.timeouts),
-            "reward/busy_s": w.busy_s,
-            "reward/wall_s": wall,
-            "reward/critical_path_s": critical,
-            "reward/overlap_s": max(0.0, wall - critical),
-            "reward/collect_wait_s": w.collect_wait_s,
-        }
-        if workers > 0:
-            metrics["reward/num_workers"] = float(workers)
-        if w.usage.wall_s > 0:
-            metrics["reward/cpu_frac"] = min(1.0, w.usage.cpu_s / w.usage.wall_s)
-            metrics["reward/cpu_demand_frac"] = w.usage.cpu_share
-        return metrics
+        return w.metrics(workers)
 
     def close(self) -> None:
         with self._cond:
