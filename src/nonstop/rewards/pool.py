@@ -67,6 +67,8 @@ MAX_BATCH = 16
 BATCHES_PER_SHARE = 4
 # The share of timeout_s after which a sample's worker is a suspect: its queue is taken back and a spare steps in.
 SUSPECT_FRACTION = 0.25
+# How often `collect` tells its `progress` the samples still scoring, at most.
+PROGRESS_INTERVAL_S = 0.5
 
 
 @dataclass
@@ -201,10 +203,15 @@ class RewardPool:
             with self._cond:
                 self._finish(task, result)
 
-    def collect(self, sample_ids: Iterable[Hashable]) -> dict[Hashable, RewardResult]:
-        """Block until every id is scored, then hand the results over (each id is collected once)."""
+    def collect(
+        self, sample_ids: Iterable[Hashable], progress: Callable[[int], None] | None = None
+    ) -> dict[Hashable, RewardResult]:
+        """Block until every id is scored, then hand the results over (each id is collected once). `progress`: told
+        how many ids are still being scored while it waits, at most every `PROGRESS_INTERVAL_S` (it runs under the
+        pool's lock: keep it quick)."""
         ids = list(sample_ids)
         start = time.perf_counter()
+        told_at = -math.inf
         with self._cond:
             unknown = [i for i in ids if i not in self._open_ids]
             if unknown:
@@ -215,7 +222,11 @@ class RewardPool:
                     missing.popleft()
                 if not missing or self._fatal is not None:
                     break
-                self._cond.wait()
+                if progress is not None and time.monotonic() - told_at >= PROGRESS_INTERVAL_S:
+                    told_at = time.monotonic()  # the count walks every id left: only as often as it is told
+                    progress(sum(i not in self._results for i in missing))
+                # With `progress`, a wake-up at least every interval, so the count shown is never older than that.
+                self._cond.wait(None if progress is None else PROGRESS_INTERVAL_S)
             if self._fatal is not None:
                 raise RewardSetupError(self._fatal)
             self._window.collect_wait_s += time.perf_counter() - start
