@@ -1,6 +1,6 @@
-"""The console's live view of a run (trainer/progress.py): the bar's phase names and what each long phase is at —
-generated tokens and running samples, micro-batch k/K, rewards pending — throttled in the engine's loop, and nothing
-at all without the console."""
+"""The console's live view of a run (trainer/progress.py): a line per stage of the build, then the bar's phase names
+and what each long phase is at — generated tokens and running samples, micro-batch k/K, rewards pending — throttled
+in the engine's loop, and nothing at all without the console."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ import re
 from types import SimpleNamespace
 
 import pytest
-from trainer_helpers import slow_seven_fraction
+from trainer_helpers import FixedPrompts, IdTokenizer, seven_fraction, slow_seven_fraction, tiny_model, tiny_run_config
 
 import nonstop.rewards.pool as pool_module
 import nonstop.rollout.progress as rollout_progress
+from nonstop.rewards import RewardPool
 from nonstop.rollout.progress import GenerationProgress
 from nonstop.rollout.scheduled import SchedulerStats
+from nonstop.trainer import build
 from nonstop.trainer.progress import ProgressBar, show_progress
 
 
@@ -121,3 +123,25 @@ def test_nothing_is_shown_or_computed_without_the_console(trainer_factory, monke
     trainer.fit()
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err == ""
+
+
+def test_building_a_run_prints_a_line_per_stage_before_the_first_step(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(build, "load_policy", lambda config, dtype, device: (tiny_model(), IdTokenizer()))
+    monkeypatch.setattr(build, "train_dataloader", lambda data, tokenizer: FixedPrompts(4))
+    monkeypatch.setattr(build, "val_dataloader", lambda data, tokenizer: None)
+    monkeypatch.setattr(build, "reward_pool", lambda config: RewardPool(seven_fraction, num_workers=0))
+    overrides = ("trainer.total_training_steps=1", "trainer.device=cpu", "actor_rollout_ref.rollout.max_model_len=16")
+    config = tiny_run_config(tmp_path / "r", overrides)
+    trainer = build.build_trainer(config)
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    lines = capsys.readouterr().out.splitlines()
+    first_step = next(i for i, line in enumerate(lines) if line.startswith("step 1 |"))
+    assert lines[:first_step] == [
+        f"loading the policy from {config.actor_rollout_ref.model.path} on cpu",
+        "building the rollout engine (its weights and KV cache)",
+        "loading the data",
+        "starting the reward workers",
+    ]

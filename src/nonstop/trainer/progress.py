@@ -1,5 +1,5 @@
-"""The console's live view of a run: the progress bar over its steps, whose postfix names the phase running and what
-it is at:
+"""The console's live view of a run: a line per stage while the run is built (`build_lines`), then the progress bar
+over its steps, whose postfix names the phase running and what it is at:
 
     train:  12%|██        | 3/25 [01:02<07:40, gen 12,345 tok, 37/64 running]
 
@@ -9,6 +9,8 @@ plain callable, or None with the console off, and so neither import the trainer 
 The bar is written from the trainer's thread only."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 
 class ProgressBar:
@@ -63,3 +65,9 @@ def show_progress(trainer, progress: ProgressBar | None) -> None:
     for part in (trainer.generation, trainer.actor, trainer.critic, trainer.scorer):
         if part is not None:
             part.progress = detail
+
+
+def build_lines(console: bool) -> Callable[[str], None]:
+    """Prints a line as each slow stage of building a run starts (loading the policy, building the engine, ...), so
+    the minutes before the first step's bar are not silent; nothing without the console."""
+    return (lambda line: print(line, flush=True)) if console else (lambda line: None)
