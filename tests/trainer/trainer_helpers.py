@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 
 import torch
 
@@ -34,6 +35,12 @@ WALL_TIME_WEIGHTED = {
 def seven_fraction(data_source, solution_str, ground_truth, extra_info=None) -> float:
     tokens = solution_str.split()
     return sum(t == str(TARGET_TOKEN) for t in tokens) / max(1, len(tokens))
+
+
+def slow_seven_fraction(data_source, solution_str, ground_truth, extra_info=None) -> float:
+    """`seven_fraction`, taking long enough that collecting a step's rewards waits for them."""
+    time.sleep(0.05)
+    return seven_fraction(data_source, solution_str, ground_truth, extra_info)
 
 
 class IdTokenizer:
@@ -129,13 +136,15 @@ def make_trainer(
     device: str = "cpu",
     reward_fn=seven_fraction,
     shard: bool = False,
+    reward_workers: int = 0,
 ) -> Trainer:
     """`engine_copy`: the engine gets its own copy of the weights (as on CUDA, and always in the overlap modes
     `trainer.mode=one_step_off|async`) instead of sharing the trainer's.
     `device="cuda"`: the production CUDA path (`build_engine`: a bf16 engine copy; bf16 autocast updates).
     `reward_fn`: the scorer, `(data_source, solution_str, ground_truth, extra_info) -> float`.
     `shard`: FSDP2 over the initialised process group, after the engine took its copy (as `build_trainer` does), for
-    the critic too when the config has one."""
+    the critic too when the config has one.
+    `reward_workers`: the reward pool's worker processes (0: scored inline as each sample finishes)."""
     config = tiny_run_config(run_dir, overrides)
     torch.manual_seed(seed)
     model = tiny_model(seed).to(device)
@@ -166,7 +175,7 @@ def make_trainer(
         tokenizer,
         llm,
         FixedPrompts(config.data.gen_batch_size, seed),
-        RewardPool(reward_fn, num_workers=0),
+        RewardPool(reward_fn, num_workers=reward_workers),
         val_loader=FixedPrompts(8, seed + 100, num_batches=1) if validate else None,
         ref_model=reference_model(config, model),
         compute_dtype=torch.bfloat16 if device == "cuda" else None,

@@ -159,15 +159,19 @@ def run_micro_batches(
     budget: MicroBatchBudget,
     replan: Callable[[list[int]], list[list[int]]],
     restart: Callable[[], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[list[int]]:
     """Run each of `parts` (row lists) through `run`, splitting and retrying one that runs out of memory; returns the
     micro-batches that ran, in order. `costs(rows)`: each row's tokens. `replan(rows)`: the micro-batches of `rows`
     under the current budget (after the probe measured it). `restart()`: for a pass that accumulates gradients,
-    drop them and its running totals; the micro-batches that ran are then run again."""
+    drop them and its running totals; the micro-batches that ran are then run again. `progress(k, count)`: told as
+    micro-batch k of `count` (as planned now) starts."""
     done: list[list[int]] = []
     queue = deque(parts)
     while queue:
         rows = queue.popleft()
+        if progress is not None:
+            progress(len(done) + 1, len(done) + 1 + len(queue))
         probing = budget.probing
         row_costs = costs(rows)
         try:

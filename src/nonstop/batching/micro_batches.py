@@ -140,14 +140,27 @@ def run_pass(
     grouped: bool,
     run: Callable[[list[int]], None],
     restart: Callable[[], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[list[int]]:
     """`run` each micro-batch of `rows` under `rule`, an out-of-memory split and retried (memory_budget.py;
-    `restart`: a pass that accumulates gradients drops them); returns the micro-batches that ran."""
+    `restart`: a pass that accumulates gradients drops them); returns the micro-batches that ran. `progress(k, K)`:
+    told as micro-batch k of K starts (`micro_batch_progress`)."""
     budget = rule.budget or MicroBatchBudget("pass", rule.key, auto=False, memory=None)
     parts = micro_batches(batch, rows, device, rule, grouped)
     replan = partial(micro_batches, batch, device=device, rule=rule, grouped=grouped)
     costs = partial(row_tokens, batch, grouped=grouped)
-    return run_micro_batches(parts, run, costs, budget, replan, restart)
+    return run_micro_batches(parts, run, costs, budget, replan, restart, progress)
+
+
+def micro_batch_progress(
+    progress: Callable[[str], None] | None, mini_batch: int = 1, num_mini_batches: int = 1
+) -> Callable[[int, int], None] | None:
+    """`run_pass`'s `progress` from a progress bar's detail: `k/K` as micro-batch k of K starts, `mini-batch m/M,
+    k/K` in an update of several mini-batch steps (epochs included); None without a bar."""
+    if progress is None:
+        return None
+    prefix = f"mini-batch {mini_batch}/{num_mini_batches}, " if num_mini_batches > 1 else ""
+    return lambda k, count: progress(f"{prefix}{k}/{count}")
 
 
 def pack_rows(

@@ -44,8 +44,9 @@ from nonstop.config.reward import DEFAULT_MAX_REWARD_WORKERS
 from . import registry
 from .custom import CustomRewardFunction, load_custom_reward_fn
 from .errors import RewardSetupError
+from .pool_window import PoolWindow
 from .registry import default_compute_score
-from .scoring import NO_USAGE, RewardResult, Usage, score_one, shorten
+from .scoring import RewardResult, Usage, score_one, shorten
 from .sizing import PoolSizer
 from .worker import worker_main
 
@@ -66,6 +67,8 @@ MAX_BATCH = 16
 BATCHES_PER_SHARE = 4
 # The share of timeout_s after which a sample's worker is a suspect: its queue is taken back and a spare steps in.
 SUSPECT_FRACTION = 0.25
+# How often `collect` tells its `progress` the samples still scoring, at most.
+PROGRESS_INTERVAL_S = 0.5
 
 
 @dataclass
@@ -76,21 +79,6 @@ class _Worker:
     tasks: deque[_Task] = field(default_factory=deque)  # sent and not taken back, in the order the worker scores
     started: float = math.inf  # when tasks[0] began: its send, or the result before it
     suspect: bool = False  # tasks[0] has run past the suspect time
-
-
-@dataclass
-class _Window:
-    """What happened since the last `pop_metrics`."""
-
-    first_submit: float | None = None
-    last_submit: float | None = None
-    last_result: float | None = None
-    scored: int = 0
-    errors: int = 0
-    timeouts: int = 0
-    busy_s: float = 0.0
-    collect_wait_s: float = 0.0
-    usage: Usage = NO_USAGE  # of the samples scored in workers
 
 
 class RewardPool:
@@ -120,7 +108,7 @@ class RewardPool:
         self._seq = itertools.count()
         self._retired: list[_Worker] = []
         self._logged: set[tuple] = set()
-        self._window = _Window()
+        self._window = PoolWindow()
         self._fatal: str | None = None
         self._closed = False
         self._workers: list[_Worker] = []
@@ -215,10 +203,15 @@ class RewardPool:
             with self._cond:
                 self._finish(task, result)
 
-    def collect(self, sample_ids: Iterable[Hashable]) -> dict[Hashable, RewardResult]:
-        """Block until every id is scored, then hand the results over (each id is collected once)."""
+    def collect(
+        self, sample_ids: Iterable[Hashable], progress: Callable[[int], None] | None = None
+    ) -> dict[Hashable, RewardResult]:
+        """Block until every id is scored, then hand the results over (each id is collected once). `progress`: told
+        how many ids are still being scored while it waits, at most every `PROGRESS_INTERVAL_S` (it runs under the
+        pool's lock: keep it quick)."""
         ids = list(sample_ids)
         start = time.perf_counter()
+        told_at = -math.inf
         with self._cond:
             unknown = [i for i in ids if i not in self._open_ids]
             if unknown:
@@ -229,7 +222,11 @@ class RewardPool:
                     missing.popleft()
                 if not missing or self._fatal is not None:
                     break
-                self._cond.wait()
+                if progress is not None and time.monotonic() - told_at >= PROGRESS_INTERVAL_S:
+                    told_at = time.monotonic()  # the count walks every id left: only as often as it is told
+                    progress(sum(i not in self._results for i in missing))
+                # With `progress`, a wake-up at least every interval, so the count shown is never older than that.
+                self._cond.wait(None if progress is None else PROGRESS_INTERVAL_S)
             if self._fatal is not None:
                 raise RewardSetupError(self._fatal)
             self._window.collect_wait_s += time.perf_counter() - start
@@ -237,35 +234,13 @@ class RewardPool:
             return {i: self._results.pop(i) for i in ids}
 
     def pop_metrics(self) -> dict[str, float]:
-        """Metrics since the previous call. `reward/critical_path_s` (last submit to last result) is the part of
-        scoring that generation did not hide; `reward/overlap_s` is the part it did. With worker processes also
-        `reward/num_workers` and, once a worker scored, `reward/cpu_frac` and `reward/cpu_demand_frac` (metric_names.py
-        defines them). A self-sized pool then judges its size again."""
+        """Metrics since the previous call (`PoolWindow.metrics`: reward/critical_path_s, reward/overlap_s, ...). A
+        self-sized pool then judges its size again."""
         with self._cond:
-            w, self._window = self._window, _Window()
+            w, self._window = self._window, PoolWindow()
             workers = self.num_workers
             self._resize()
-        wall = w.last_result - w.first_submit if w.last_result is not None and w.first_submit is not None else 0.0
-        # A window can hold results without submits: under the overlap modes scoring of samples submitted before
-        # the previous call can finish after it.
-        scored_after_submit = w.last_result is not None and w.last_submit is not None
-        critical = max(0.0, w.last_result - w.last_submit) if scored_after_submit else 0.0
-        metrics = {
-            "reward/num_scored": float(w.scored),
-            "reward/errors": float(w.errors),
-            "reward/timeouts": float(w.timeouts),
-            "reward/busy_s": w.busy_s,
-            "reward/wall_s": wall,
-            "reward/critical_path_s": critical,
-            "reward/overlap_s": max(0.0, wall - critical),
-            "reward/collect_wait_s": w.collect_wait_s,
-        }
-        if workers > 0:
-            metrics["reward/num_workers"] = float(workers)
-        if w.usage.wall_s > 0:
-            metrics["reward/cpu_frac"] = min(1.0, w.usage.cpu_s / w.usage.wall_s)
-            metrics["reward/cpu_demand_frac"] = w.usage.cpu_share
-        return metrics
+        return w.metrics(workers)
 
     def close(self) -> None:
         with self._cond:

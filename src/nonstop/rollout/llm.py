@@ -19,6 +19,7 @@ from nonstop.rollout.engine_args import EngineArgs
 from nonstop.rollout.llm_engine import LLMEngine
 from nonstop.rollout.metrics import StatsWindow
 from nonstop.rollout.outputs import RequestOutput
+from nonstop.rollout.progress import GenerationProgress
 from nonstop.rollout.sampling_params import SamplingParams
 from nonstop.rollout.scheduled import SchedulerStats
 
@@ -81,11 +82,14 @@ class LLM:
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool = False,
         on_finished: Callable[[int, RequestOutput], None] | None = None,
+        progress: Callable[[str], None] | None = None,
     ) -> list[RequestOutput]:
         """One RequestOutput per prompt, in prompt order. Text prompts are tokenized with `tokenizer.encode` (apply a
         chat template yourself); token-id prompts (lists, or dicts with "prompt_token_ids" / "input_ids") are used as
         given. `on_finished(prompt_index, output)` is called as soon as each prompt's n samples are done, while the
-        rest are still generating (the trainer starts reward scoring there)."""
+        rest are still generating (the trainer starts reward scoring there). `progress` is told the tokens generated
+        and the samples running (`12,345 tok, 37/64 running`, progress.py) at most every `PROGRESS_INTERVAL_S`, and
+        once more at the end."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         sampling_params = sampling_params or SamplingParams()
@@ -116,26 +120,33 @@ class LLM:
             engine.abort_request(list(order))  # leave the engine as it was
             window.close()
             raise
-        progress = None
+        bar = None
         if use_tqdm:
             from tqdm import tqdm
 
-            progress = tqdm(total=len(prompts), desc="generate")
+            bar = tqdm(total=len(prompts), desc="generate")
+        live = None
+        if progress is not None:
+            live = GenerationProgress(progress, engine.scheduler, sum(p.n for p in sampling_params))
         outputs = []
         try:
             while engine.has_unfinished_requests():
+                if live is not None:
+                    live.tick()
                 finished = engine.step()
                 outputs += finished
                 if on_finished is not None:
                     for output in finished:
                         on_finished(order[output.request_id], output)
-                if progress is not None:
-                    progress.update(len(finished))
+                if bar is not None:
+                    bar.update(len(finished))
         finally:
             engine.abort_request(list(order))  # a failed step must not leave this call's requests queued
             window.close()
-            if progress is not None:
-                progress.close()
+            if bar is not None:
+                bar.close()
+        if live is not None:
+            progress(live.line())
         self.stats = window.stats()
         self.metrics = window.pop()
         return sorted(outputs, key=lambda o: order[o.request_id])

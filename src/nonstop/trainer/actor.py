@@ -24,6 +24,7 @@ Legend: B samples of the step, L padded response width of the step, b samples of
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -32,6 +33,7 @@ from nonstop.algos import agg_loss, get_policy_loss_fn, kl_penalty
 from nonstop.batching.batch import RolloutBatch
 from nonstop.batching.micro_batches import (
     MicroBatching,
+    micro_batch_progress,
     micro_batches,
     mini_batches,
     pack_rows,
@@ -88,6 +90,7 @@ class Actor:
         self.skipped_steps = 0
         self._micro_batch_tokens: list[int] = []  # tokens of each micro-batch of the current update
         self._grouped_mini_batches: list[bool] = []  # whether each mini-batch step of the current update was grouped
+        self.progress: Callable[[str], None] | None = None  # told each pass's micro-batch k/K (the progress bar's)
 
     # -- batching ---------------------------------------------------------------------------------------------------
 
@@ -153,7 +156,10 @@ class Actor:
             out_BL[rows] = self.forward(batch, rows, width, compute_entropy=False, model=model, grouped=grouped)[0]
 
         with fused_kernels(False):
-            run_pass(batch, everything, self.device, rule or self.update_batching, grouped, run)
+            run_pass(
+                batch, everything, self.device, rule or self.update_batching, grouped, run,
+                progress=micro_batch_progress(self.progress),
+            )  # fmt: skip
         return out_BL
 
     @torch.no_grad()
@@ -191,11 +197,14 @@ class Actor:
         num_updates = 0
         self._micro_batch_tokens, self._grouped_mini_batches = [], []
         self.model.train()
-        for _ in range(cfg.ppo_epochs):
-            for mini in self.mini_batches(batch):
+        minis = self.mini_batches(batch)
+        for epoch in range(cfg.ppo_epochs):
+            for i, mini in enumerate(minis):
+                progress = micro_batch_progress(self.progress, epoch * len(minis) + i + 1, cfg.ppo_epochs * len(minis))
                 step_metrics = self._mini_batch_step(
-                    batch, mini, mask_BL, advantages_BL, old_log_prob_BL, ref_log_prob_BL, rollout_log_prob_BL
-                )
+                    batch, mini, mask_BL, advantages_BL, old_log_prob_BL, ref_log_prob_BL, rollout_log_prob_BL,
+                    progress,
+                )  # fmt: skip
                 for key, value in step_metrics.items():
                     sums[key] = sums.get(key, 0.0) + value
                 num_updates += 1
@@ -220,9 +229,10 @@ class Actor:
         old_log_prob_BL: Tensor | None,
         ref_log_prob_BL: Tensor | None,
         rollout_log_prob_BL: Tensor | None = None,
+        progress: Callable[[int, int], None] | None = None,
     ) -> dict[str, float]:
         """Forward/backward every micro-batch of `mini`, then one optimizer step unless the loss or the gradient
-        norm is not finite (then the gradients are dropped and the skip counted)."""
+        norm is not finite (then the gradients are dropped and the skip counted). `progress`: `run_pass`'s."""
         cfg = self.config
         width = mask_BL.shape[1]
         world_size = current().world_size
@@ -276,7 +286,7 @@ class Actor:
             self.optimizer.zero_grad(set_to_none=True)
             totals.clear()
 
-        ran = run_pass(batch, mini, self.device, self.update_batching, grouped, run, restart)
+        ran = run_pass(batch, mini, self.device, self.update_batching, grouped, run, restart, progress)
         self._micro_batch_tokens += [sum(row_tokens(batch, rows, grouped)) for rows in ran]
         # Each rank summed its share over the global normalisers: the sums are the mini-batch's values.
         stacked = all_reduce_sum_(torch.stack(list(totals.values())))

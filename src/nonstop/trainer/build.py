@@ -22,6 +22,7 @@ from nonstop.rewards.reward_model import RewardModel
 from nonstop.rollout import LLM, engine_args
 from nonstop.trainer.checks import check_data_parallel, check_fsdp_sizes, check_no_validation, check_split
 from nonstop.trainer.loop import Trainer
+from nonstop.trainer.progress import build_lines
 from nonstop.trainer.sources.rollout_rank import RolloutWorker
 
 
@@ -95,13 +96,14 @@ def reference_model(config: NonstopConfig, model: torch.nn.Module) -> torch.nn.M
 
 def build_trainer(config: NonstopConfig, console: bool = True) -> Trainer | RolloutWorker:
     """This rank's part of the run: a trainer, or under `trainer.placement=split` on a rollout rank a
-    `RolloutWorker` (same `fit` / `step` / `close`)."""
+    `RolloutWorker` (same `fit` / `step` / `close`). `console`: rank 0 prints a line as each slow stage starts."""
     model_cfg, actor_cfg = config.actor_rollout_ref.model, config.actor_rollout_ref.actor
     device = resolve_device(config.trainer.device)
     # Joins torchrun's ranks (a no-op without torchrun, or when the caller already did): `nonstop train` and the
     # benchmarks alike then run data-parallel under torchrun.
     info = init_process_group(device.type, config.actor_rollout_ref.nccl_timeout)
     use_train_group(None)  # every rank trains unless split placement says otherwise (a previous build's choice goes)
+    say = build_lines(console and info.rank == 0)
     placement = None
     if config.trainer.placement == "split":
         check_split(config, info.world_size)
@@ -113,27 +115,42 @@ def build_trainer(config: NonstopConfig, console: bool = True) -> Trainer | Roll
     if model_cfg.override_config:
         raise ValueError("actor_rollout_ref.model.override_config is not supported by the trainer yet")
     torch.manual_seed(0 if config.data.seed is None else config.data.seed)
+    say(f"loading the policy from {model_cfg.path} on {device}")
     model, tokenizer = load_policy(config, torch_dtype(actor_cfg.fsdp_config.model_dtype), device)
     model.gradient_checkpointing = model_cfg.enable_gradient_checkpointing
-    critic_model = build_critic_model(config, model, device) if config.critic.enable else None
-    llm = build_engine(config, model, tokenizer, device) if placement is None else None
+    critic_model = None
+    if config.critic.enable:
+        say(f"loading the critic from {config.critic.model.path or 'the policy'}")
+        critic_model = build_critic_model(config, model, device)
+    llm = None
+    if placement is None:
+        say("building the rollout engine (its weights and KV cache)")
+        llm = build_engine(config, model, tokenizer, device)
     add_lora_adapters(config, model)
     ref_model = reference_model(config, model)
     compute_dtype = torch_dtype(actor_cfg.fsdp_config.dtype)
     if current().distributed:  # after the engine's copy: it holds the whole model
+        say(f"sharding the models over {current().world_size} ranks")
         shard_model(model, actor_cfg.fsdp_config, device, compute_dtype)
         if ref_model is not None:
             shard_model(ref_model, config.actor_rollout_ref.ref.fsdp_config, device, compute_dtype)
         if critic_model is not None:
             critic_fsdp = config.critic.model.fsdp_config
             shard_model(critic_model, critic_fsdp, device, torch_dtype(critic_fsdp.dtype))
-    reward_model = RewardModel.from_config(config.reward_model, device) if config.reward_model.enable else None
+    reward_model = None
+    if config.reward_model.enable:
+        say(f"loading the reward model from {config.reward_model.model.path}")
+        reward_model = RewardModel.from_config(config.reward_model, device)
+    say("loading the data")
     val_loader = val_dataloader(config.data, tokenizer)
+    train_loader = train_dataloader(config.data, tokenizer)
     extra = {}
     if placement is not None:
         check_no_validation(config, val_loader)
         extra = {"placement": placement, "wire_dtype": engine_dtype(config, device)}
     # Under split placement the rollout ranks score; the trainer's pool stays empty.
+    if not placement and config.reward_model.num_workers != 0:
+        say("starting the reward workers")
     pool = RewardPool(num_workers=0) if placement else reward_pool(config)
     try:
         return Trainer(
@@ -141,7 +158,7 @@ def build_trainer(config: NonstopConfig, console: bool = True) -> Trainer | Roll
             model,
             tokenizer,
             llm,
-            train_dataloader(config.data, tokenizer),
+            train_loader,
             pool,
             val_loader=val_loader,
             ref_model=ref_model,

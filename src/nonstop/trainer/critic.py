@@ -29,6 +29,8 @@ tokens.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -36,6 +38,7 @@ from nonstop.algos import compute_value_loss, explained_variance_from_sums, expl
 from nonstop.batching.batch import RolloutBatch
 from nonstop.batching.micro_batches import (
     MicroBatching,
+    micro_batch_progress,
     mini_batches,
     pack_rows,
     prefix_grouped,
@@ -98,6 +101,7 @@ class Critic:
             config.ppo_micro_batch_size_per_gpu,
             "critic.ppo_max_token_len_per_gpu",
         ).with_budget("critic", self.device)
+        self.progress: Callable[[str], None] | None = None  # told each pass's micro-batch k/K (the progress bar's)
 
     def prefix_grouped(self, batch: RolloutBatch, rows: list[int]) -> bool:
         """Whether `rows` run prefix-grouped under `critic.use_prefix_grouper` (batching/micro_batches.py)."""
@@ -127,7 +131,10 @@ class Critic:
             values_BL[rows] = self.forward(batch, rows, width, grouped)
 
         with fused_kernels(False):
-            run_pass(batch, everything, self.device, self.values_batching, grouped, run)
+            run_pass(
+                batch, everything, self.device, self.values_batching, grouped, run,
+                progress=micro_batch_progress(self.progress),
+            )  # fmt: skip
         return values_BL
 
     def update(self, batch: RolloutBatch, values_BL: Tensor, returns_BL: Tensor) -> dict[str, float]:
@@ -139,10 +146,13 @@ class Critic:
         sums: dict[str, float] = {}
         num_updates = num_grouped = 0
         self.model.train()
-        for _ in range(cfg.ppo_epochs):
-            for mini in mini_batches(batch, rank_mini_batch_size(cfg.ppo_mini_batch_size, self.rollout_n)):
+        minis = mini_batches(batch, rank_mini_batch_size(cfg.ppo_mini_batch_size, self.rollout_n))
+        for epoch in range(cfg.ppo_epochs):
+            for i, mini in enumerate(minis):
                 grouped = self.prefix_grouped(batch, mini)
-                for key, value in self._mini_batch_step(batch, mini, mask_BL, values_BL, returns_BL, grouped).items():
+                progress = micro_batch_progress(self.progress, epoch * len(minis) + i + 1, cfg.ppo_epochs * len(minis))
+                step = self._mini_batch_step(batch, mini, mask_BL, values_BL, returns_BL, grouped, progress)
+                for key, value in step.items():
                     sums[key] = sums.get(key, 0.0) + value
                 num_updates += 1
                 num_grouped += grouped
@@ -163,6 +173,7 @@ class Critic:
         values_BL: Tensor,
         returns_BL: Tensor,
         grouped: bool,
+        progress: Callable[[int, int], None] | None = None,
     ) -> dict[str, float]:
         cfg = self.config
         width = mask_BL.shape[1]
@@ -196,7 +207,7 @@ class Critic:
             self.optimizer.zero_grad(set_to_none=True)
             totals.clear()
 
-        run_pass(batch, mini, self.device, self.update_batching, grouped, run, restart)
+        run_pass(batch, mini, self.device, self.update_batching, grouped, run, restart, progress)
         # Each rank summed its share over the global normalisers: the sums are the mini-batch's values.
         totals = dict(zip(totals, all_reduce_sum_(torch.stack(list(totals.values()))), strict=True))
         grad_norm = full_value(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))

@@ -40,6 +40,7 @@ from nonstop.trainer.dumps import dump_generations
 from nonstop.trainer.loggers import build_sinks
 from nonstop.trainer.metrics import MetricsLog, data_metrics, timed_step_metrics
 from nonstop.trainer.plots import plot_curves
+from nonstop.trainer.progress import show_progress
 from nonstop.trainer.run_state import check_nonfinite, freeze_heap, interrupted_line, resume_run, save_run
 from nonstop.trainer.sampling import RequestParams, Sampling
 from nonstop.trainer.scores import Scorer
@@ -96,7 +97,6 @@ class Trainer:
         rank_dir = self.run_dir if self.rank_zero else self.run_dir / f"rank_{self.dist.rank}"
         self.log = MetricsLog(rank_dir, console=console and self.rank_zero)
         self.profiler = RunProfiler.from_config(config.global_profiler, rank_dir, self.device, self.dist.rank)
-        self.profiler.recorder.on_open = self.log.phase
         self.num_params = sum(p.numel() for p in model.parameters())
         self.nonfinite_streak = 0
         self.resumed_metrics_row: dict[str, float | None] | None = None  # set by resume_run
@@ -107,6 +107,7 @@ class Trainer:
             config, self.generation, self.actor, self.scorer, train_loader, self.dist, self.total_steps, placement,
             wire_dtype,
         )  # fmt: skip
+        show_progress(self, self.log.progress)  # sets `show_phase`
 
     @property
     def request_params(self) -> RequestParams:
@@ -280,7 +281,7 @@ class Trainer:
         assert self.generation is not None, "build.py refuses validation under split placement"
         with self.source.paused():
             dump_dir = self.config.trainer.validation_data_dir
-            return validate(self.generation, self.val_loader, self.dist, step, dump_dir, progress=self.log.phase)
+            return validate(self.generation, self.val_loader, self.dist, step, dump_dir, progress=self.show_phase)
 
     def save(self, step: int, metrics_row: dict[str, float] | None = None) -> Path:
         return save_run(self, step, metrics_row)

@@ -14,6 +14,7 @@ from torch import Tensor
 from nonstop.batching.batch import RolloutBatch
 from nonstop.profiling.timeline import read_jsonl, truncate_steps
 from nonstop.trainer.loggers import MetricSink
+from nonstop.trainer.progress import ProgressBar
 
 
 def data_metrics(batch: RolloutBatch, scores_B: Tensor, advantages_BL: Tensor, mask_BL: Tensor) -> dict[str, float]:
@@ -59,14 +60,14 @@ def finite_or_none(metrics: dict[str, float]) -> dict[str, float | None]:
 
 class MetricsLog:
     """Appends one JSON object per step to `metrics.jsonl` (non-finite floats as null: JSON has no NaN), forwards
-    the step to the `trainer.logger` sinks, and prints the console line above the progress bar, which names the
-    phase running (`phase`)."""
+    the step to the `trainer.logger` sinks, and prints the console line above the progress bar (progress.py; None
+    without the console), which names the phase running and what it is at."""
 
     def __init__(self, run_dir: Path, console: bool = True, sinks: Sequence[MetricSink] = ()):
         run_dir.mkdir(parents=True, exist_ok=True)
         self.path = run_dir / "metrics.jsonl"
         self.console, self.sinks = console, list(sinks)
-        self.progress = None
+        self.progress = ProgressBar() if console else None
 
     def start(
         self, total_steps: int, resume_step: int | None, saved_row: dict[str, float | None] | None = None
@@ -79,15 +80,8 @@ class MetricsLog:
         if saved_row is not None and resume_step not in {row.get("step") for row in read_jsonl(self.path)}:
             with self.path.open("a") as f:
                 f.write(json.dumps({"step": resume_step, **saved_row}) + "\n")
-        if self.console:
-            from tqdm import tqdm
-
-            self.progress = tqdm(total=total_steps, initial=resume_step or 0, desc="train", unit="step")
-
-    def phase(self, name: str) -> None:
-        """Show the phase now running (the profiler's span names: gen, reward, update_actor, ...) on the bar."""
         if self.progress is not None:
-            self.progress.set_postfix_str(name)
+            self.progress.start(total_steps, resume_step or 0)
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         row = {"step": step, **finite_or_none(metrics)}
@@ -95,19 +89,13 @@ class MetricsLog:
             f.write(json.dumps(row) + "\n")
         for sink in self.sinks:
             sink.log(step, metrics)
-        if self.console:
-            line = console_line(step, metrics)
-            if self.progress is not None:
-                self.progress.write(line)
-                if step > self.progress.n:
-                    self.progress.update(step - self.progress.n)
-            else:
-                print(line, flush=True)
+        if self.progress is not None:
+            self.progress.write(console_line(step, metrics))
+            self.progress.advance_to(step)
 
     def close(self) -> None:
         if self.progress is not None:
             self.progress.close()
-            self.progress = None
         for sink in self.sinks:
             sink.close()
         self.sinks = []

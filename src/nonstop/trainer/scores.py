@@ -10,7 +10,7 @@ consumers (`Scorer.collect`) all name samples through it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -59,6 +59,7 @@ class Scorer:
         self.max_response_length = config.data.max_response_length
         self.guard = AllFailedGuard(config.reward_model.max_all_failed_steps, pool.scorer)
         self._train_results: list[Any] = []  # the rule scorer's results of training samples since the last check
+        self.progress: Callable[[str], None] | None = None  # told `12/64 pending` while `collect` waits (the bar's)
 
     def submit(self, prefix: str, first_row: int, samples: Sequence[Sample]) -> None:
         """Queue `samples`, rows `first_row`, `first_row + 1`, ... of the batch scored under `prefix`, for the rule
@@ -83,7 +84,8 @@ class Scorer:
         scores_B, extras = torch.zeros(len(batch)), [{} for _ in range(len(batch))]
         if self.scores_rules:
             ids = [reward_id(prefix, i) for i in range(len(batch))]
-            results = self.pool.collect(ids)
+            show = self.progress
+            results = self.pool.collect(ids, None if show is None else lambda n: show(f"{n}/{len(ids)} pending"))
             if prefix.startswith(TRAIN):
                 self._train_results += results.values()
             scores_B = torch.tensor([results[i].score for i in ids], dtype=torch.float32)

@@ -45,6 +45,7 @@ def generate_samples(
     extra_prompts: Sequence[list[int]] = (),
     extra_params: Sequence[SamplingParams] = (),
     on_extras_done: Callable[[list[RequestOutput]], None] | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> RolloutBatch:
     """n samples per prompt with its own (seeded) params; `on_prompt_done(i, samples)` gets prompt i's samples as
     soon as they are all finished, in finishing order.
@@ -52,7 +53,7 @@ def generate_samples(
     `extra_prompts` / `extra_params`: more requests in the same generate call, which never reach `on_prompt_done` or
     the batch; `on_extras_done(outputs)` gets their outputs, in order, as soon as the last of them finishes. The
     weight-sync probe rides along this way instead of paying a generate call of its own, and scores its tokens while
-    the rollout is still decoding."""
+    the rollout is still decoding. `progress`: `LLM.generate`'s live line."""
     by_prompt: dict[int, list[Sample]] = {}
     extras: dict[int, RequestOutput] = {}
 
@@ -70,6 +71,7 @@ def generate_samples(
         [p.prompt_token_ids for p in prompts] + [list(p) for p in extra_prompts],
         list(params) + list(extra_params),
         on_finished=finished,
+        progress=progress,
     )
     return RolloutBatch([s for i in range(len(prompts)) for s in by_prompt[i]], max(p.max_tokens for p in params))
 
@@ -110,6 +112,10 @@ class EngineGeneration:
         """`actor`: the trainer's, whose policy the engine holds a copy of (or runs itself: `shares_weights`) and
         which scores the probe's trainer half."""
         self.llm, self.actor, self.scorer, self.sampling, self.kv, self.dist = llm, actor, scorer, sampling, kv, dist
+        # Told each `generate` call's tokens and running samples (the progress bar's detail). Only `generate` tells
+        # it: that runs on the trainer's thread; the overlap modes' rollouter steps the engine on its own and shows
+        # nothing, so the bar is written from one thread.
+        self.progress: Callable[[str], None] | None = None
 
     @property
     def model(self) -> torch.nn.Module:
@@ -161,6 +167,7 @@ class EngineGeneration:
                 batch = generate_samples(
                     self.llm, prompts, seeded, submit, extra_prompts=probe,
                     extra_params=probe_params(self.llm, probe, seed=step), on_extras_done=score_probe,
+                    progress=self.progress,
                 )  # fmt: skip
             finally:
                 try:  # no probe thread outlives the rollout, even a failed one
