@@ -149,7 +149,7 @@ def test_auto_probes_the_other_way_less_often_while_probes_do_not_pay():
         return verified_at
 
     at = run(4000, accepted=0, verify_s=10.0)
-    gaps = [b - a - 1 for a, b in zip([-1, *at], at)]  # plain steps before each probe
+    gaps = [b - a - 1 for a, b in zip([-1, *at[:-1]], at, strict=True)]  # plain steps before each probe
     expected = [min(PROBE_EVERY << i, MAX_PROBE_EVERY) for i in range(len(gaps))]
     assert gaps == expected and gaps[-1] == MAX_PROBE_EVERY and len(at) <= 4000 / PROBE_EVERY / 8
     # Verify steps get cheap (2 plain steps) and drafts fully accepted: the next probe pays (1 + 4 >= 2), the interval
