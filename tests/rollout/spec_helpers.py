@@ -31,6 +31,9 @@ class PartlyWrongDrafter:
             drafts.append(draft)
         return drafts
 
+    def prepare(self, seqs, groups, max_tokens: int) -> None:
+        pass
+
     def finished(self, request_id, prompt_token_ids, outputs) -> None:
         pass
 

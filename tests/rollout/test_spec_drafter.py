@@ -70,6 +70,32 @@ def test_siblings_in_lock_step_have_nothing_ahead_until_one_is():
     assert draft(d, seqs, 0) == [7, 8]  # the same index, synced with the sibling's new tokens
 
 
+def test_indexing_ahead_skips_placeholders_keeps_its_budget_and_drafts_as_without_it():
+    """`prepare` (called while the device runs a plain step) indexes only the tokens the host has, never the
+    placeholders of the step in flight, at most `max_tokens` a call; drafts after it equal a drafter's that never
+    prepared, whatever it left unindexed."""
+    outputs = ([6, 7, 8, 9, 6, 7], [6, 7, 8, 3, 6, 7], [6, 2, 2])
+    ahead, fresh = drafter(), drafter()
+    seqs, twins = group(*outputs), group(*outputs)
+    for seq in seqs:
+        seq.token_ids += [-1 - seq.sample_index, -4 - seq.sample_index]  # two steps in flight
+    before = ahead.groups.get("r")
+    assert before is None
+    ahead.prepare(seqs, [seqs] * 3, max_tokens=7)  # the prompt stream, then 7 of the samples' 15 known tokens
+    index, streams = ahead.groups["r"]
+    indexed = sum(index.indexed[streams[s.seq_id]] - (len(PROMPT) - 1) for s in seqs)
+    assert indexed == 7
+    keys = [k for table in (index.by1, index.by2, index.by3) for k in table]
+    assert all(k >= 0 for k in keys) and not any(t < 0 for t in index.by1)
+    ahead.prepare(seqs, [seqs] * 3, max_tokens=100)
+    assert [index.indexed[streams[s.seq_id]] for s in seqs] == [len(s.token_ids) - 2 for s in seqs]
+    for seq in seqs:  # the step in flight lands: the same tokens as the twins'
+        del seq.token_ids[-2:]
+    for i in range(3):
+        assert draft(ahead, seqs, i) == draft(fresh, twins, i)
+    assert [draft(ahead, seqs, i) for i in range(3)] != [[]] * 3  # something to compare
+
+
 def test_a_finished_requests_responses_draft_for_the_next_one_with_its_prompt():
     d = drafter()
     first = group([6, 7, 8], [6, 9, 9], request_id="a")

@@ -218,6 +218,8 @@ class LLMEngine:
         # A launch that captured a graph held the host for the capture: the step read behind it has no period.
         outputs += self._process_in_flight(pipelined=bool(batch.seqs) and not captured)
         self.in_flight = launched
+        if spec is not None and launched is not None:
+            spec.prepare(self.scheduler, self._group)  # the device still runs the step just launched
         if not self.requests:
             # Every request is done: what is still in flight was computed past their ends; drop it now rather than
             # leave a step running into the caller's next move (weight update, release).

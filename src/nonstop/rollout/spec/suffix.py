@@ -130,17 +130,38 @@ class SuffixDrafter:
             index, streams = self._group(seq, group)
             if seq.request_id not in synced:  # each group's new tokens indexed once per step
                 synced.add(seq.request_id)
-                for member in group:
-                    stream = streams.get(member.seq_id)
-                    if stream is None:
-                        # Keys from the prompt's last token on: the first output tokens follow the prompt.
-                        stream = streams[member.seq_id] = index.add_stream(
-                            member.token_ids, member.num_prompt_tokens - 1
-                        )
-                    index.sync(stream, len(member.token_ids))
+                self._sync(index, streams, group, None)
             own = streams[seq.seq_id]
             drafts.append(index.propose(own, len(seq.token_ids), k, self.min_match, self.min_token_prob) if k else [])
         return drafts
+
+    def prepare(self, seqs: list[Sequence], groups: list[list[Sequence]], max_tokens: int) -> None:
+        """Index up to `max_tokens` of the tokens the host has (not the placeholders of a step in flight) in the
+        groups of `seqs`, ahead of a `propose`: the engine calls it while the device runs a plain step, so that the
+        indexing a later verify step would otherwise do first, host time nothing overlaps, is mostly done."""
+        done = set()
+        for seq, group in zip(seqs, groups, strict=True):
+            if max_tokens <= 0:
+                return
+            if seq.request_id not in done:
+                done.add(seq.request_id)
+                index, streams = self._group(seq, group)
+                max_tokens = self._sync(index, streams, group, max_tokens)
+
+    def _sync(self, index: GroupIndex, streams: dict[int, int], group: list[Sequence], budget: int | None) -> int:
+        """Index the known tokens of every member of `group` (at most `budget` of them; None: all); returns the
+        budget left."""
+        for member in group:
+            stream = streams.get(member.seq_id)
+            if stream is None:
+                # Keys from the prompt's last token on: the first output tokens follow the prompt.
+                stream = streams[member.seq_id] = index.add_stream(member.token_ids, member.num_prompt_tokens - 1)
+            end = member.num_known_tokens
+            if budget is not None:
+                end = min(end, index.indexed[stream] + budget)
+                budget -= max(0, end - index.indexed[stream])
+            index.sync(stream, end)
+        return budget if budget is not None else 0
 
     def _group(self, seq: Sequence, group: list[Sequence]) -> tuple[GroupIndex, dict[int, int]]:
         entry = self.groups.get(seq.request_id)
