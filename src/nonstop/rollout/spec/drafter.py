@@ -1,6 +1,7 @@
 """What the engine asks of a drafter: a draft for each running sequence from its group's text, a chance to prepare
-while the device runs a plain step, and the end of a request. Any object with these three methods drafts (tests plug in one that proposes partly wrong drafts): a draft
-changes how many tokens a verify step keeps, never which, so no drafter can change the engine's outputs."""
+while the device runs a plain step, and the end of a request. Any object with these three methods drafts (tests plug
+in one that proposes partly wrong drafts): a draft changes how many tokens a verify step keeps, never which, so no
+drafter can change the engine's outputs."""
 
 from __future__ import annotations
 
