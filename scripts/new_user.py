@@ -107,7 +107,7 @@ COMMANDS = (
         ".venv/bin/nonstop train examples/arith_smollm2.yaml trainer.total_training_steps=10 trainer.test_freq=5"
     ),
     Documented(".venv/bin/nonstop data gsm8k --source ../shared/data/gsm8k --out data/gsm8k"),
-    Documented(".venv/bin/nonstop train examples/gsm8k_smollm2_cpu.yaml"),
+    Documented(".venv/bin/nonstop train examples/gsm8k_smollm2_cpu.yaml", 600),  # quickstart: "under ten minutes"
     Documented(".venv/bin/nonstop train trainer.save_freq=10"),
     Documented(".venv/bin/nonstop train trainer.save_freq=10 trainer.total_training_steps=60"),
     Documented(".venv/bin/nonstop export runs/nonstop/smollm2_builtin --out smollm2-arith"),
