@@ -87,3 +87,38 @@ def test_the_suffix_drafter_under_graphs_with_multi_step_and_history():
         out = llm.generate(prompts, params)
         assert [c.token_ids for o in out for c in o.outputs] == [c.token_ids for o in plain for c in o.outputs]
     assert llm.stats.num_accepted_tokens >= 0.9 * llm.stats.num_draft_tokens > 0
+
+
+def compiled_verify_kernels() -> int:
+    """Compiled variants of the verify attention kernels, over devices (Triton's per-device kernel caches)."""
+    from nonstop.kernels.paged_verify_triton import _paged_verify_reduce_kernel, _paged_verify_split_kernel
+
+    return sum(len(caches[0]) for k in (_paged_verify_split_kernel, _paged_verify_reduce_kernel)
+               for caches in k.device_caches.values())  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("eager", [False, True])
+def test_verify_kernels_compile_at_engine_start_not_in_a_generation(eager):
+    """Every draft-length bucket (and row count's split plan) is a Triton compile of the verify kernel, a few hundred
+    ms: the engine compiles them when it starts, so a generation's verify launches, whatever their drafts, compile
+    nothing. Drafts of every length up to the most (a drafter that drafts the truth, cut at each length in turn);
+    fp32, so the tokens equal plain decoding's."""
+    _, model = cuda_model(dtype=torch.float32)
+    prompts = random_prompts(LENGTHS, vocab=V)
+    params = SamplingParams(n=2, temperature=0.0, max_tokens=32, ignore_eos=True)
+    plain = LLM(model, num_kv_blocks=256, max_num_seqs=40).generate(prompts, params)
+    drafter = PartlyWrongDrafter.from_outputs(prompts, plain, V, wrong_every=0)
+    lengths, propose = iter(range(10**6)), drafter.propose
+
+    def cut(seqs, groups, num_tokens):  # draft lengths 1..6 in turn
+        return [d[: 1 + next(lengths) % 6] for d in propose(seqs, groups, num_tokens)]
+
+    drafter.propose = cut
+    llm = speculative_llm(model, drafter, num_speculative_tokens=6, num_kv_blocks=256, max_num_seqs=40,
+                          enforce_eager=eager)  # fmt: skip
+    compiled = compiled_verify_kernels()
+    assert compiled > 0
+    spec = llm.generate(prompts, params)
+    assert llm.stats.num_verify_steps > 4 and compiled_verify_kernels() == compiled
+    assert [c.token_ids for o in spec for c in o.outputs] == [c.token_ids for o in plain for c in o.outputs]

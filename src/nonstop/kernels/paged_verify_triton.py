@@ -282,3 +282,29 @@ def paged_verify_attention_triton(
             launch_pdl=pdl,
         )
     return o_THE
+
+
+def compile_verify_variants(
+    cache_dtype: torch.dtype,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    max_blocks: int,
+    row_counts: list[int],
+    slot_counts: list[int],
+    device: torch.device,
+) -> int:
+    """Call the kernel once, on one-token contexts, for every (rows, query slots) pair a verify launch may use, with
+    the engine's block-table width (the split count depends on it): each new set of constexprs (Q per draft-length
+    bucket, and the split plan's) is a Triton compile of a few hundred ms, paid here at engine start instead of inside
+    the first generation that meets it. Returns the pairs called."""
+    k_cache = torch.zeros(1, block_size, num_kv_heads, head_dim, dtype=cache_dtype, device=device)
+    for rows in row_counts:
+        tables = torch.zeros(rows, max_blocks, dtype=torch.int32, device=device)
+        ones = torch.ones(rows, dtype=torch.int32, device=device)
+        for slots in slot_counts:
+            q = torch.zeros(rows * slots, num_heads, head_dim, dtype=cache_dtype, device=device)
+            paged_verify_attention_triton(q, k_cache, k_cache, tables, ones, ones, head_dim**-0.5)
+    torch.cuda.synchronize(device)
+    return len(row_counts) * len(slot_counts)

@@ -30,7 +30,7 @@ from nonstop.rollout.sampler import SamplingTensors, sample
 from nonstop.rollout.scheduled import ScheduledBatch
 from nonstop.rollout.step_buffers import SampledBuffers, SampledStep, SequenceRows, StepBuffers, VerifyBuffers
 from nonstop.rollout.step_plan import LaunchShape, StepPlan, StepPlanner
-from nonstop.rollout.verify_plan import VerifyPlanner, verify_capacity
+from nonstop.rollout.verify_plan import VerifyPlanner, draft_buckets, verify_capacity
 
 
 class ModelRunner:
@@ -100,6 +100,22 @@ class ModelRunner:
                                                 spec.num_speculative_tokens, c.vocab_size)  # fmt: skip
         if use_graphs:
             self.graphs = DecodeGraphs(self, args.cudagraph_capture_sizes or max_num_seqs)
+        if verify_tokens and self.device.type == "cuda":
+            self._compile_verify_kernels(spec.num_speculative_tokens, sizes if use_graphs else None)
+
+    def _compile_verify_kernels(self, num_speculative_tokens: int, graph_sizes: list[int] | None) -> None:
+        """Compile the verify attention kernel's variants now (kernels/paged_verify_triton.py): under CUDA graphs the
+        row and draft-length buckets, eagerly every row count and draft length a launch may have."""
+        from nonstop.kernels.paged_verify_triton import compile_verify_variants
+
+        if graph_sizes is not None:
+            rows = [s for s in graph_sizes if s <= self.verify_rows]
+            slots = [1 + d for d in draft_buckets(num_speculative_tokens)]
+        else:
+            rows, slots = list(range(1, self.verify_rows + 1)), list(range(2, 2 + num_speculative_tokens))
+        c = self.config
+        compile_verify_variants(self.dtype, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                                self.block_size, self.max_blocks_per_seq, rows, slots, self.device)  # fmt: skip
 
     @property
     def graphs(self) -> DecodeGraphs | None:
