@@ -162,6 +162,24 @@ def test_triton_interpreter_matches_reference():
     run_under_interpreter("test_paged_verify", "check_kernel_under_interpreter")
 
 
+def check_engine_start_compile_calls_under_interpreter() -> list[int]:
+    """Run in a child process started with TRITON_INTERPRET=1: the engine-start calls (`compile_verify_variants`) at
+    SmolLM2's head shape and a 64-block table, for the split counts of 1 and 16 rows on an H200's 132 SMs (several
+    splits: the reduce kernel runs too). Returns the calls made and the split counts."""
+    import nonstop.kernels.paged_decode_triton as decode
+    import nonstop.kernels.paged_verify_triton as verify
+
+    verify.num_sms = lambda device: 132  # the split plan of the GPU the calls stand for
+    torch.cuda.synchronize = lambda device=None: None
+    calls = verify.compile_verify_variants(torch.float16, 9, 3, 64, 16, 64, [1, 16], [2, 5], torch.device("cpu"))
+    return [calls, *(decode.choose_num_splits(rows, 3, 64 * 16, 132) for rows in (1, 16))]
+
+
+def test_engine_start_compile_calls_run_every_variant_they_name():
+    calls, *splits = run_under_interpreter("test_paged_verify", "check_engine_start_compile_calls_under_interpreter")
+    assert calls == 4 and all(s > 1 for s in splits)
+
+
 @pytest.fixture
 def poisoned_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Output buffers (`torch.empty_like`) start as NaN, so an element a kernel forgets to write shows."""
