@@ -162,22 +162,30 @@ def test_triton_interpreter_matches_reference():
     run_under_interpreter("test_paged_verify", "check_kernel_under_interpreter")
 
 
-def check_engine_start_compile_calls_under_interpreter() -> list[int]:
-    """Run in a child process started with TRITON_INTERPRET=1: the engine-start calls (`compile_verify_variants`) at
-    SmolLM2's head shape and a 64-block table, for the split counts of 1 and 16 rows on an H200's 132 SMs (several
-    splits: the reduce kernel runs too). Returns the calls made and the split counts."""
+def check_engine_start_compile_calls_under_interpreter() -> list:
+    """Run in a child process started with TRITON_INTERPRET=1: the engine-start calls (`compile_verify_variants`) on
+    a verify buffer as the engine builds it (zeros before any launch) and a KV cache poisoned with NaN (padding rows
+    must read none of it), SmolLM2's head shape, a 64-block table, split plans of an H200's 132 SMs (several splits at
+    these rows: the reduce kernel runs too). Returns each output's shape, whether it is all zeros, and the splits."""
     import nonstop.kernels.paged_decode_triton as decode
     import nonstop.kernels.paged_verify_triton as verify
+    from nonstop.rollout.step_buffers import VerifyBuffers
 
     verify.num_sms = lambda device: 132  # the split plan of the GPU the calls stand for
-    torch.cuda.synchronize = lambda device=None: None
-    calls = verify.compile_verify_variants(torch.float16, 9, 3, 64, 16, 64, [1, 16], [2, 5], torch.device("cpu"))
-    return [calls, *(decode.choose_num_splits(rows, 3, 64 * 16, 132) for rows in (1, 16))]
+    dev = VerifyBuffers(90, 64, torch.device("cpu")).dev  # 90 tokens: 10 rows x (1 + 8), as an eager engine's
+    k_cache = torch.full((5, 16, 3, 64), float("nan"), dtype=torch.float16)
+    shapes = [(1, 2), (3, 9), (10, 5)]
+    outputs = verify.compile_verify_variants(
+        torch.float16, 9, k_cache, dev["block_tables"], dev["context_lens"], dev["num_query"], shapes
+    )
+    splits = [decode.choose_num_splits(rows, 3, 64 * 16, 132) for rows, _ in shapes]
+    return [[list(o.shape), bool((o == 0).all())] for o in outputs] + [splits]
 
 
-def test_engine_start_compile_calls_run_every_variant_they_name():
-    calls, *splits = run_under_interpreter("test_paged_verify", "check_engine_start_compile_calls_under_interpreter")
-    assert calls == 4 and all(s > 1 for s in splits)
+def test_engine_start_compile_calls_run_every_shape_they_name():
+    *outputs, splits = run_under_interpreter("test_paged_verify", "check_engine_start_compile_calls_under_interpreter")
+    assert outputs == [[[2, 9, 64], True], [[27, 9, 64], True], [[50, 9, 64], True]]
+    assert all(s > 1 for s in splits)
 
 
 @pytest.fixture

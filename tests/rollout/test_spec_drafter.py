@@ -81,7 +81,7 @@ def test_indexing_ahead_skips_placeholders_keeps_its_budget_and_drafts_as_withou
         seq.token_ids += [-1 - seq.sample_index, -4 - seq.sample_index]  # two steps in flight
     before = ahead.groups.get("r")
     assert before is None
-    ahead.prepare(seqs, [seqs] * 3, max_tokens=7)  # the prompt stream, then 7 of the samples' 15 known tokens
+    ahead.prepare(seqs, [seqs] * 3, max_tokens=len(PROMPT) + 7)  # the prompt stream, then 7 of 15 known tokens
     index, streams = ahead.groups["r"]
     indexed = sum(index.indexed[streams[s.seq_id]] - (len(PROMPT) - 1) for s in seqs)
     assert indexed == 7
@@ -94,6 +94,20 @@ def test_indexing_ahead_skips_placeholders_keeps_its_budget_and_drafts_as_withou
     for i in range(3):
         assert draft(ahead, seqs, i) == draft(fresh, twins, i)
     assert [draft(ahead, seqs, i) for i in range(3)] != [[]] * 3  # something to compare
+
+
+def test_indexing_ahead_charges_a_new_groups_prompt_and_history():
+    """A group met for the first time indexes its prompt and its history's streams whole; that counts against the
+    budget, so a call whose budget the first group's history used up creates no second group and indexes no sample."""
+    d = drafter()
+    d.history.put(PROMPT, [[6, 7, 8, 9], [6, 2]])  # streams of 5 + 4 and 5 + 2 tokens
+    first, second = group([6, 7], [6, 3], request_id="a"), group([9, 9], request_id="b", prompt=[5, 4, 3])
+    d.prepare(first + second, [first, first, second], max_tokens=len(PROMPT) + 16)  # prompt 5 + history 16
+    index, streams = d.groups["a"]
+    assert [index.indexed[streams[s.seq_id]] for s in first] == [len(PROMPT) - 1] * 2  # no sample token yet
+    assert "b" not in d.groups
+    d.prepare(first + second, [first, first, second], max_tokens=100)
+    assert [index.indexed[streams[s.seq_id]] for s in first] == [len(PROMPT) + 2] * 2 and "b" in d.groups
 
 
 def test_a_finished_requests_responses_draft_for_the_next_one_with_its_prompt():
@@ -183,6 +197,19 @@ def test_auto_probes_the_other_way_less_often_while_probes_do_not_pay():
     p.verify_times.extend([2.0] * 8)
     at = run(MAX_PROBE_EVERY + 1, accepted=4, verify_s=2.0)
     assert p.probe_every == PROBE_EVERY and len(at) > MAX_PROBE_EVERY / 2
+
+
+def test_a_step_that_verifies_on_merit_brings_the_probe_interval_back():
+    """Once the rule verifies on its own say, probes go towards plain (to keep plain times current): they come every
+    PROBE_EVERY steps again, not at the interval losing probes had backed off to."""
+    p = policy()
+    p.plain_times.extend([1.0] * 4)
+    p.verify_times.extend([2.0] * 4)
+    p.probe_every = MAX_PROBE_EVERY  # backed off
+    p.global_gain = 3.0  # 1 + 3 >= 2: verifying pays
+    assert p.may_verify([1]) and not p.probing and p.should_verify([1], [4])
+    p.verified([1], [4], [3], wall_s=2.0)
+    assert p.probe_every == PROBE_EVERY
 
 
 def test_a_step_with_drafts_verifies_while_no_verify_step_was_timed():

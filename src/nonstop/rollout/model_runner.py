@@ -104,18 +104,19 @@ class ModelRunner:
             self._compile_verify_kernels(spec.num_speculative_tokens, sizes if use_graphs else None)
 
     def _compile_verify_kernels(self, num_speculative_tokens: int, graph_sizes: list[int] | None) -> None:
-        """Compile the verify attention kernel's variants now (kernels/paged_verify_triton.py): under CUDA graphs the
-        row and draft-length buckets, eagerly every row count and draft length a launch may have."""
+        """Compile the verify attention kernel's variants now (kernels/paged_verify_triton.py), for every shape a
+        verify launch may take: a graph's row and draft-length buckets, and, for row counts no graph holds (eager),
+        every row count and draft length."""
         from nonstop.kernels.paged_verify_triton import compile_verify_variants
 
-        if graph_sizes is not None:
-            rows = [s for s in graph_sizes if s <= self.verify_rows]
-            slots = [1 + d for d in draft_buckets(num_speculative_tokens)]
-        else:
-            rows, slots = list(range(1, self.verify_rows + 1)), list(range(2, 2 + num_speculative_tokens))
-        c = self.config
-        compile_verify_variants(self.dtype, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
-                                self.block_size, self.max_blocks_per_seq, rows, slots, self.device)  # fmt: skip
+        graph_rows = [s for s in graph_sizes or () if s <= self.verify_rows]
+        shapes = [(rows, 1 + d) for rows in graph_rows for d in draft_buckets(num_speculative_tokens)]
+        eager_rows = range(1 + max(graph_rows, default=0), self.verify_rows + 1)
+        shapes += [(rows, 1 + d) for rows in eager_rows for d in range(1, 1 + num_speculative_tokens)]
+        dev = self.verify_buffers.dev
+        compile_verify_variants(self.dtype, self.config.num_attention_heads, self.k_caches[0], dev["block_tables"],
+                                dev["context_lens"], dev["num_query"], shapes)  # fmt: skip
+        torch.cuda.synchronize(self.device)
 
     @property
     def graphs(self) -> DecodeGraphs | None:

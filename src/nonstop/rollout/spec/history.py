@@ -28,6 +28,12 @@ class ResponseHistory:
         self.responses.move_to_end(key)
         return [r.tolist() for r in found]
 
+    def stream_tokens(self, prompt_token_ids: list[int]) -> int:
+        """Tokens of the streams a group of this prompt indexes from its history (the prompt before each response),
+        without touching the LRU order."""
+        found = self.responses.get(tuple(prompt_token_ids))
+        return sum(len(prompt_token_ids) + len(r) for r in found) if found else 0
+
     def put(self, prompt_token_ids: list[int], outputs: list[list[int]]) -> None:
         if self.max_prompts == 0:
             return

@@ -14,9 +14,9 @@ A sequence's draft length follows its outcomes between half the most and the mos
 next one grow by two, a rejection at position a caps it at a + 1, never under the half). Every so often a step in the
 drafting range does the other thing once (verify while the rule says plain; plain while it says verify), so both
 times and the acceptance stay current: after `PROBE_EVERY` steps at first; a probe that verified and did not pay
-doubles the interval (up to `MAX_PROBE_EVERY`), one that paid brings it back, so where verifying loses (a dear
-verify step, a model that rambles) the probes' cost shrinks to a few steps a run instead of one step in
-`PROBE_EVERY`. While no verify step has been timed, a step with drafts verifies.
+doubles the interval (up to `MAX_PROBE_EVERY`), one that paid, or a step that verifies on the rule's own say, brings
+it back, so where verifying loses (a dear verify step, a model that rambles) the probes' cost shrinks to a few steps
+a run instead of one step in `PROBE_EVERY`. While no verify step has been timed, a step with drafts verifies.
 A plain step's time is learnt only when the step after it does not ask for drafts (asking reads the step in flight
 with nothing behind it), so a probe towards plain, and the range's first steps while no plain step is timed, run two
 plain steps.
@@ -104,7 +104,7 @@ class DraftPolicy:
     def may_verify(self, seq_ids: list[int]) -> bool:
         """Once per step in the drafting range, before the drafts exist: whether to ask for drafts (the engine then
         reads the step in flight to draft from every token). Decides here whether the step probes, doing the opposite
-        of the rule once every `PROBE_EVERY` steps, so that reading the step in flight cannot change the decision
+        of the rule once every `probe_every` steps, so that reading the step in flight cannot change the decision
         between this call and the drafts."""
         self.probing = self.probe_verify = False
         if self.always:
@@ -135,6 +135,8 @@ class DraftPolicy:
         if self.probe_verify and ratio is not None:  # a probe towards verifying: did it pay?
             paid = 1 + sum(accepted) / len(accepted) >= ratio
             self.probe_every = PROBE_EVERY if paid else min(2 * self.probe_every, MAX_PROBE_EVERY)
+        elif not self.probing:
+            self.probe_every = PROBE_EVERY  # verifying on merit: probes towards plain keep plain times current
         gain, cap = self.gain, self.cap
         for seq_id, k, a in zip(seq_ids, drafts, accepted, strict=True):
             old = gain.get(seq_id, self.global_gain)

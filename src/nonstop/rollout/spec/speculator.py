@@ -20,8 +20,8 @@ from nonstop.rollout.spec.drafter import Drafter
 from nonstop.rollout.spec.policy import DraftPolicy
 from nonstop.rollout.spec.suffix import SuffixDrafter
 
-# Tokens indexed ahead per plain step at the most: about a millisecond of host time, well inside a multi-step
-# launch's device time, so indexing ahead never delays the next launch much.
+# Tokens indexed ahead per plain step at the most: a small share of what a multi-step launch keeps the device busy
+# for (the indexing cost per token is in the dev log), so indexing ahead does not delay the next launch.
 PREPARE_TOKENS = 1024
 
 
@@ -72,8 +72,8 @@ class Speculator:
         """While the device runs a plain step, with at most twice the drafting range's sequences running: let the
         drafter index what the host already has (`PREPARE_TOKENS` at a time), so that a verify step's drafting, which
         nothing overlaps, finds it done."""
-        running = scheduler.running
-        if 0 < len(running) <= 2 * self.max_num_seqs:
+        if 0 < len(scheduler.running) <= 2 * self.max_num_seqs:
+            running = list(scheduler.running)
             self.drafter.prepare(running, list(map(group_of, running)), PREPARE_TOKENS)
 
     def finished(self, request_id: str, seqs: list[Sequence], outputs: list[list[int]] | None) -> None:

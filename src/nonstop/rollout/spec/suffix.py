@@ -138,15 +138,20 @@ class SuffixDrafter:
     def prepare(self, seqs: list[Sequence], groups: list[list[Sequence]], max_tokens: int) -> None:
         """Index up to `max_tokens` of the tokens the host has (not the placeholders of a step in flight) in the
         groups of `seqs`, ahead of a `propose`: the engine calls it while the device runs a plain step, so that the
-        indexing a later verify step would otherwise do first, host time nothing overlaps, is mostly done."""
+        indexing a later verify step would otherwise do first, host time nothing overlaps, is mostly done. A group
+        met for the first time indexes its prompt and its history whole, which counts against `max_tokens` (one group
+        may go over it)."""
         done = set()
         for seq, group in zip(seqs, groups, strict=True):
             if max_tokens <= 0:
                 return
             if seq.request_id not in done:
                 done.add(seq.request_id)
+                if seq.request_id not in self.groups:  # a new group indexes its prompt and history first: charged
+                    prompt = seq.prompt_token_ids
+                    max_tokens -= len(prompt) + self.history.stream_tokens(prompt)
                 index, streams = self._group(seq, group)
-                max_tokens = self._sync(index, streams, group, max_tokens)
+                max_tokens = self._sync(index, streams, group, max(max_tokens, 0))
 
     def _sync(self, index: GroupIndex, streams: dict[int, int], group: list[Sequence], budget: int | None) -> int:
         """Index the known tokens of every member of `group` (at most `budget` of them; None: all); returns the
