@@ -187,7 +187,7 @@ def test_the_ranks_join_with_the_configured_collective_timeout(tmp_path, monkeyp
 
 
 def test_the_launch_shapes_each_step_captured_are_listed(tmp_path):
-    """Captures cost a fraction of a second each on a GPU, so a bench run lists the CUDA-graph launch shapes each step
+    """A capture costs many decode steps' time, so a bench run lists the CUDA-graph launch shapes each step
     captured: here the engine's graphs are the rollout tests' CPU stand-in, which runs launches eagerly."""
     sys.path.insert(0, str(Path(__file__).parent.parent / "rollout"))
     from test_decode_graphs import EagerReplay

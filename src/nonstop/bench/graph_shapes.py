@@ -1,5 +1,5 @@
-"""The CUDA-graph launch shapes each step of a bench run captured: a capture costs a fraction of a second on a GPU,
-so one landing inside a timed step skews it, and the result should say which shapes did."""
+"""The CUDA-graph launch shapes each step of a bench run captured: a capture costs many decode steps' time, so one
+landing inside a timed step skews it, and the result should say which shapes did."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class CapturedShapes:
 
         def recorded(*args, **kwargs):
             graphs = graphs_of(trainer)  # looked up each step: the engine may create or replace them
-            known = set(list(graphs.graphs)) if graphs is not None else set()
+            known = set(graphs.graphs) if graphs is not None else set()
             try:
                 return step(*args, **kwargs)
             finally:

@@ -131,10 +131,11 @@ class DraftPolicy:
         """A verify step's outcome: per sequence its draft length and accepted tokens; its wall time (None: not a
         step's time, e.g. it captured a CUDA graph)."""
         self._record_time(verify=True, wall_s=wall_s)
-        ratio = self.cost_ratio()
-        if self.probe_verify and ratio is not None:  # a probe towards verifying: did it pay?
-            paid = 1 + sum(accepted) / len(accepted) >= ratio
-            self.probe_every = PROBE_EVERY if paid else min(2 * self.probe_every, MAX_PROBE_EVERY)
+        if self.probe_verify:  # a probe towards verifying: did it pay?
+            ratio = self.cost_ratio()
+            if ratio is not None:
+                paid = 1 + sum(accepted) / len(accepted) >= ratio
+                self.probe_every = PROBE_EVERY if paid else min(2 * self.probe_every, MAX_PROBE_EVERY)
         elif not self.probing:
             self.probe_every = PROBE_EVERY  # verifying on merit: probes towards plain keep plain times current
         gain, cap = self.gain, self.cap

@@ -14,6 +14,8 @@ a short loop per candidate, indexing a token three dict appends.
 
 from __future__ import annotations
 
+import math
+
 from nonstop.rollout.sequence import Sequence
 from nonstop.rollout.spec.history import ResponseHistory
 
@@ -130,7 +132,7 @@ class SuffixDrafter:
             index, streams = self._group(seq, group)
             if seq.request_id not in synced:  # each group's new tokens indexed once per step
                 synced.add(seq.request_id)
-                self._sync(index, streams, group, None)
+                self._sync(index, streams, group)
             own = streams[seq.seq_id]
             drafts.append(index.propose(own, len(seq.token_ids), k, self.min_match, self.min_token_prob) if k else [])
         return drafts
@@ -153,20 +155,20 @@ class SuffixDrafter:
                 index, streams = self._group(seq, group)
                 max_tokens = self._sync(index, streams, group, max(max_tokens, 0))
 
-    def _sync(self, index: GroupIndex, streams: dict[int, int], group: list[Sequence], budget: int | None) -> int:
-        """Index the known tokens of every member of `group` (at most `budget` of them; None: all); returns the
-        budget left."""
+    def _sync(
+        self, index: GroupIndex, streams: dict[int, int], group: list[Sequence], budget: float = math.inf
+    ) -> float:
+        """Index the known tokens of every member of `group`, at most `budget` of them; returns the budget left."""
         for member in group:
             stream = streams.get(member.seq_id)
             if stream is None:
                 # Keys from the prompt's last token on: the first output tokens follow the prompt.
                 stream = streams[member.seq_id] = index.add_stream(member.token_ids, member.num_prompt_tokens - 1)
-            end = member.num_known_tokens
-            if budget is not None:
-                end = min(end, index.indexed[stream] + budget)
-                budget -= max(0, end - index.indexed[stream])
+            start = index.indexed[stream]
+            end = min(member.num_known_tokens, start + budget)
+            budget -= max(0, end - start)
             index.sync(stream, end)
-        return budget if budget is not None else 0
+        return budget
 
     def _group(self, seq: Sequence, group: list[Sequence]) -> tuple[GroupIndex, dict[int, int]]:
         entry = self.groups.get(seq.request_id)
