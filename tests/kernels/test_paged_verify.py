@@ -164,20 +164,21 @@ def test_triton_interpreter_matches_reference():
 
 def check_engine_start_compile_calls_under_interpreter() -> list:
     """Run in a child process started with TRITON_INTERPRET=1: the engine-start calls (`compile_verify_variants`) on
-    a verify buffer as the engine builds it (zeros before any launch) and a KV cache poisoned with NaN (padding rows
-    must read none of it), SmolLM2's head shape, a 64-block table, split plans of an H200's 132 SMs (several splits at
-    these rows: the reduce kernel runs too). Returns each output's shape, whether it is all zeros, and the splits."""
+    a staged block table as the engine builds it (a view at an offset of a flat buffer, zeros before any launch) and a
+    KV cache poisoned with NaN (padding rows must read none of it), SmolLM2's head shape, a 64-block table, split plans
+    of an H200's 132 SMs (several splits at these rows: the reduce kernel runs too). Returns each output's shape,
+    whether it is all zeros, and the splits."""
     import nonstop.kernels.paged_decode_triton as decode
     import nonstop.kernels.paged_verify_triton as verify
-    from nonstop.rollout.step_buffers import VerifyBuffers
+    from nonstop.rollout.spec.buffers import StagedFields
 
     verify.num_sms = lambda device: 132  # the split plan of the GPU the calls stand for
-    dev = VerifyBuffers(90, 64, torch.device("cpu")).dev  # 90 tokens: 10 rows x (1 + 8), as an eager engine's
+    layout = {"own": ((3,), torch.int64), "block_tables": ((10, 64), torch.int32)}
+    tables = StagedFields(layout, torch.device("cpu")).dev["block_tables"]  # 10 rows, as an eager engine's
+    lens = torch.zeros(10, dtype=torch.int32)
     k_cache = torch.full((5, 16, 3, 64), float("nan"), dtype=torch.float16)
     shapes = [(1, 2), (3, 9), (10, 5)]
-    outputs = verify.compile_verify_variants(
-        torch.float16, 9, k_cache, dev["block_tables"], dev["context_lens"], dev["num_query"], shapes
-    )
+    outputs = verify.compile_verify_variants(torch.float16, 9, k_cache, tables, lens, lens, shapes)
     splits = [decode.choose_num_splits(rows, 3, 64 * 16, 132) for rows, _ in shapes]
     return [[list(o.shape), bool((o == 0).all())] for o in outputs] + [splits]
 

@@ -47,5 +47,5 @@ def test_applying_speculation_lowers_the_small_batch_share(tmp_path, capsys):
 
     applied = (*OVERRIDES, f"{METHOD}=suffix", "actor_rollout_ref.rollout.speculative.draft_rule=always")
     spec, spec_share = spec_finding(real_run(tmp_path / "spec", applied, plant=config_engine), capsys)
-    assert evidence(spec, r"tokens_per_verify ([\d.]+)") > 1.5  # the repeating responses' drafts are kept
+    assert evidence(spec, r"tokens_per_verify ([\d.]+)") > 1.2  # the repeating responses' drafts are kept
     assert spec_share < plain_share

@@ -1,48 +1,66 @@
-"""Drafters for the speculative-decoding tests, and an engine that verifies every draft (`draft_rule=always`)."""
+"""Drafters for the speculative-decoding tests, and an engine that verifies every launch in range (`always`)."""
 
 from __future__ import annotations
+
+import torch
 
 from nonstop.rollout import LLM
 
 
 class PartlyWrongDrafter:
-    """Drafts a plain run's continuation of each sample (`truth`: (prompt, sample index) -> output tokens) with every
-    `wrong_every`-th draft token replaced by another token, so verify steps accept a prefix and reject the rest;
-    `wrong_every=0` drafts the truth itself. Records each draft as (sample index, output position, tokens)."""
+    """A device drafter (rollout/spec/rounds.py) that drafts a plain run's continuation of each row (`sequences`: the
+    plain run's prompt + output token lists; a row drafts from the first whose prefix is the row's tokens so far),
+    with every `wrong_every`-th draft token replaced by another token, so verify rounds accept a prefix and reject
+    the rest; `wrong_every=0` drafts the truth itself. Records each draft as (output position, tokens) (eager only:
+    recording reads the device)."""
 
-    def __init__(self, truth: dict[tuple[tuple[int, ...], int], list[int]], vocab_size: int, wrong_every: int = 3):
-        self.truth, self.vocab_size, self.wrong_every = truth, vocab_size, wrong_every
-        self.drafts: list[tuple[int, int, list[int]]] = []
+    def __init__(self, sequences: list[tuple[list[int], int]], vocab_size: int, wrong_every: int = 3):
+        width = max(len(t) for t, _ in sequences)
+        self.truth_TL = torch.full((len(sequences), width), -1, dtype=torch.int64)
+        for i, (tokens, _) in enumerate(sequences):
+            self.truth_TL[i, : len(tokens)] = torch.tensor(tokens)
+        self.length_T = torch.tensor([len(t) for t, _ in sequences])
+        self.prompt_T = torch.tensor([p for _, p in sequences])
+        self.vocab_size, self.wrong_every = vocab_size, wrong_every
+        self.drafts: list[tuple[int, list[int]]] = []
 
     @classmethod
     def from_outputs(cls, prompts, outputs, vocab_size: int, wrong_every: int = 3) -> PartlyWrongDrafter:
-        truth = {(tuple(p), c.index): c.token_ids for p, o in zip(prompts, outputs, strict=True) for c in o.outputs}
-        return cls(truth, vocab_size, wrong_every)
+        sequences = [(list(p) + c.token_ids, len(p)) for p, o in zip(prompts, outputs, strict=True) for c in o.outputs]
+        return cls(sequences, vocab_size, wrong_every)
 
-    def propose(self, seqs, groups, num_tokens: list[int]) -> list[list[int]]:
-        drafts = []
-        for seq, k in zip(seqs, num_tokens, strict=True):
-            start = seq.num_output_tokens
-            draft = list(self.truth[(tuple(seq.prompt_token_ids), seq.sample_index)][start : start + k])
-            if self.wrong_every:
-                for i in range(self.wrong_every - 1, len(draft), self.wrong_every):
-                    draft[i] = (draft[i] + 1) % self.vocab_size
-            self.drafts.append((seq.sample_index, start, draft))
-            drafts.append(draft)
-        return drafts
-
-    def prepare(self, seqs, groups, max_tokens: int) -> None:
-        pass
-
-    def finished(self, request_id, prompt_token_ids, outputs) -> None:
-        pass
+    def __call__(self, tokens_SL, lengths_S, own_N, streams_NG, num_draft):
+        device = tokens_SL.device
+        if self.truth_TL.device != device:  # once, at the first (eager) call: a CUDA-graph capture copies nothing
+            self.truth_TL, self.length_T = self.truth_TL.to(device), self.length_T.to(device)
+        truth_TL, length_T = self.truth_TL, self.length_T
+        width = min(tokens_SL.shape[1], truth_TL.shape[1])
+        len_N = lengths_S[own_N]
+        mine_NL = tokens_SL[own_N, :width].long()
+        p_L = torch.arange(width, device=device)
+        same_NTL = (truth_TL[None, :, :width] == mine_NL[:, None, :]) | (p_L >= len_N[:, None, None])
+        match_NT = same_NTL.all(dim=2) & (length_T[None, :] > len_N[:, None]) & (len_N[:, None] <= width)
+        found_N = match_NT.any(dim=1)
+        t_N = match_NT.int().argmax(dim=1)
+        at_ND = len_N[:, None] + torch.arange(num_draft, device=device)
+        valid_ND = found_N[:, None] & (at_ND < length_T[t_N][:, None])
+        drafts_ND = truth_TL[t_N[:, None], at_ND.clamp(max=truth_TL.shape[1] - 1)].clamp(min=0)
+        if self.wrong_every:
+            wrong_D = (torch.arange(num_draft, device=device) + 1) % self.wrong_every == 0
+            drafts_ND = torch.where(wrong_D, (drafts_ND + 1) % self.vocab_size, drafts_ND)
+        drafts_ND = torch.where(valid_ND, drafts_ND, 0)
+        if device.type == "cpu":
+            for n in found_N.nonzero().flatten().tolist():
+                start = int(len_N[n]) - int(self.prompt_T[t_N[n]])
+                self.drafts.append((start, drafts_ND[n][valid_ND[n]].tolist()))
+        return drafts_ND, valid_ND
 
 
 def speculative_llm(model, drafter=None, num_speculative_tokens: int = 4, **engine_kwargs) -> LLM:
-    """An engine that verifies every step that has a draft, with `drafter` in place of the suffix drafter."""
+    """An engine that verifies every launch in the drafting range, with `drafter` in place of the suffix drafter."""
     spec = {"method": "suffix", "draft_rule": "always", "num_speculative_tokens": num_speculative_tokens}
     spec.update(engine_kwargs.pop("speculative_config", {}))
     llm = LLM(model, speculative_config=spec, **engine_kwargs)
     if drafter is not None:
-        llm.llm_engine.speculator.drafter = drafter
+        llm.llm_engine.model_runner.verify.drafter = drafter
     return llm

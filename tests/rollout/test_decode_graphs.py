@@ -134,15 +134,17 @@ def test_captures_are_counted_in_the_call_that_made_them(model):
 
 
 def test_verify_launches_capture_only_the_shapes_they_use(model):
-    """A verify graph is captured the first time a launch needs its (rows, draft length) bucket, and only that one: a
-    capture costs many steps, so capturing every verify bucket ahead costs more than the shapes a run uses (dev log).
-    Tokens stay plain decoding's; a second call replays what the first captured."""
+    """A verify graph is captured the first time a launch needs its shape (rows bucket, draft window, streams per row),
+    and only that one: a capture costs many steps, so capturing every verify shape ahead costs more than the shapes a
+    run uses (dev log). Tokens stay plain decoding's; a second call (no history, so the same streams) replays what the
+    first captured."""
     prompts = random_prompts([6, 11, 4], seed=3)
-    # Requests ending one after another: verify steps of 6, then 4, then 2 rows, with drafts cut short at the ends.
+    # Requests ending one after another: verify launches of 6, then 4, then 2 rows, with drafts cut short at the ends.
     params = [SamplingParams(n=2, temperature=0.0, max_tokens=m, ignore_eos=True) for m in (6, 10, 14)]
     plain = LLM(model, block_size=4, max_num_seqs=8).generate(prompts, params)
     drafter = PartlyWrongDrafter.from_outputs(prompts, plain, TINY["vocab_size"])
-    llm, graphs, _ = with_graphs(speculative_llm(model, drafter, block_size=4, max_num_seqs=8))
+    spec = {"suffix_decoding_max_cached_requests": 0}
+    llm, graphs, _ = with_graphs(speculative_llm(model, drafter, block_size=4, max_num_seqs=8, speculative_config=spec))
     assert token_ids(llm.generate(prompts, params)) == token_ids(plain)
     replayed = [s for s in graphs.replayed if s.num_query > 1]
     assert len({(s.num_rows, s.num_query) for s in replayed}) > 1 and llm.stats.num_verify_steps == len(replayed)

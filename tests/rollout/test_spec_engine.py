@@ -2,6 +2,8 @@
 drafts that are partly wrong, under preemption, prefix sharing on and off, stops and max_tokens inside an accepted
 draft, and log-probs equal to a full forward."""
 
+import dataclasses
+
 import pytest
 import torch
 from rollout_helpers import TINY, hf_greedy, make_pair, random_prompts
@@ -84,23 +86,29 @@ def test_sampled_logprobs_equal_a_full_forward(tiny_pair):
         offset += length
 
 
-def test_a_stop_id_inside_an_accepted_draft(llama):
+@pytest.mark.parametrize("extra_stops", [0, 8], ids=["cut-on-device", "cut-by-the-host"])
+def test_a_stop_id_inside_an_accepted_draft(llama, extra_stops):
+    """The rounds end a row at its stop id; a row with more stop ids than the device checks runs on there, and the
+    host drops what it kept past the stop."""
     _, model = llama
     prompt = random_prompts([8], seed=8)[0]
     free = LLM(model, block_size=4).generate([prompt], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
     tokens = free[0].outputs[0].token_ids
     stop = tokens[3]
     first = tokens.index(stop)
-    params = SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[stop])
+    unused = [t for t in range(V) if t not in tokens][:extra_stops]
+    params = SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[stop, *unused])
     plain = LLM(model, block_size=4).generate([prompt], params)
-    # The right continuation, 8 tokens at a time: the first verify step drafts output tokens 1..8, the stop among them.
+    # The right continuation, 8 tokens at a time: the first verify round drafts output tokens 1..8, the stop among them.
     drafter = PartlyWrongDrafter.from_outputs([prompt], free, V, wrong_every=0)
     llm = speculative_llm(model, drafter, num_speculative_tokens=8, block_size=4)
     out = llm.generate([prompt], params)[0].outputs[0]
     assert out.token_ids == plain[0].outputs[0].token_ids == tokens[: first + 1] and out.finish_reason == "stop"
-    assert drafter.drafts[0][1] <= first < drafter.drafts[0][1] + len(drafter.drafts[0][2])
-    # The accepted draft tokens after the stop were dropped.
-    assert llm.stats.num_discarded_tokens > 0 and llm.stats.num_generated_tokens == first + 1
+    start, draft = drafter.drafts[0]
+    assert start <= first < start + len(draft)
+    assert llm.stats.num_generated_tokens == first + 1
+    # Kept past the stop and dropped by the host only where the device could not see the stop.
+    assert (llm.stats.num_discarded_tokens > 0) == (extra_stops > 0)
 
 
 class WordTokenizer:
@@ -128,7 +136,8 @@ def test_a_stop_string_inside_an_accepted_draft(llama):
     for got in (plain, out):
         assert got.token_ids == tokens[: end + 1] and got.finish_reason == "stop"
         assert got.text == text[:cut]
-    assert drafter.drafts[0][1] <= end < drafter.drafts[0][1] + len(drafter.drafts[0][2])
+    start, draft = drafter.drafts[0]
+    assert start <= end < start + len(draft)
 
 
 def test_max_tokens_reached_mid_draft(llama):
@@ -136,12 +145,15 @@ def test_max_tokens_reached_mid_draft(llama):
     prompts = random_prompts([6, 11], seed=9)
     params = SamplingParams(n=2, temperature=1.0, max_tokens=5, seed=4, ignore_eos=True)
     plain = LLM(model, block_size=4).generate(prompts, params)
-    drafter = PartlyWrongDrafter.from_outputs(prompts, plain, V, wrong_every=0)
+    # The right continuation of a longer run with the same seeds: drafts run past max_tokens.
+    longer = LLM(model, block_size=4).generate(prompts, dataclasses.replace(params, max_tokens=12))
+    drafter = PartlyWrongDrafter.from_outputs(prompts, longer, V, wrong_every=0)
     llm = speculative_llm(model, drafter, num_speculative_tokens=8, block_size=4)
     out = llm.generate(prompts, params)
     assert samples(out) == samples(plain) and all(len(t) == 5 for t in samples(out))
-    # Eight draft tokens wanted, three fit before max_tokens (the fourth token is the verify step's own).
-    assert all(len(d) == 3 for _, _, d in drafter.drafts) and llm.stats.num_verify_steps == 1
+    # Eight draft tokens after the prefill's one, all accepted: four fit before max_tokens, in one round.
+    assert all(len(d) == 8 for _, d in drafter.drafts) and llm.stats.num_verify_steps == 1
+    assert llm.stats.num_verify_tokens == 4 * len(samples(out))
 
 
 def test_a_pipelined_plain_step_is_timed_by_its_period_not_its_latency(llama, monkeypatch):
@@ -161,7 +173,7 @@ def test_a_pipelined_plain_step_is_timed_by_its_period_not_its_latency(llama, mo
 
     monkeypatch.setattr(engine.model_runner, "launch", launch_one_second)
     policy = engine.speculator.policy
-    monkeypatch.setattr(policy, "may_verify", lambda seq_ids: False)  # plain steps only, all pipelined
+    monkeypatch.setattr(policy, "may_verify", lambda: False)  # plain steps only, all pipelined
     llm.generate(random_prompts([6, 11], seed=2), SamplingParams(n=2, temperature=0.0, max_tokens=20, ignore_eos=True))
     assert engine.scheduler.stats.num_spec_range_steps > 10
     assert list(policy.plain_times) == [1.0] * len(policy.plain_times) and len(policy.plain_times) == 8

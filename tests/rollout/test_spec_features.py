@@ -1,4 +1,4 @@
-"""Speculative decoding beside the engine's other features: verify steps between async multi-step launches and
+"""Speculative decoding beside the engine's other features: verify launches between async multi-step launches and
 cascade decode, the synchronous engine, abort / continue, weight updates and KV release (the history of earlier
 responses survives them), the suffix drafter and the `auto` rule, and the `rollout/spec/*` metrics."""
 
@@ -22,15 +22,16 @@ def samples(outputs) -> list[list[int]]:
     return [c.token_ids for o in outputs for c in o.outputs]
 
 
-class EveryOtherStep(PartlyWrongDrafter):
-    """Drafts in every other step only, so verify steps and plain (multi-step) launches alternate."""
+class EveryOtherLaunch:
+    """A rule that verifies every other launch in the drafting range, so verify launches and plain (multi-step)
+    launches alternate."""
 
-    calls = 0
+    def __init__(self, policy):
+        self.policy, self.calls = policy, 0
 
-    def propose(self, seqs, groups, num_tokens):
+    def __call__(self) -> bool:
         self.calls += 1
-        drafts = super().propose(seqs, groups, num_tokens)
-        return drafts if self.calls % 2 else [[] for _ in drafts]
+        return self.calls % 2 == 1
 
 
 @pytest.mark.parametrize(
@@ -38,12 +39,13 @@ class EveryOtherStep(PartlyWrongDrafter):
     [dict(num_scheduler_steps=4, cascade_attention=True), dict(async_scheduling=False)],
     ids=["async-multistep-cascade", "sync"],
 )
-def test_verify_steps_between_plain_launches(llama, engine_kwargs):
+def test_verify_launches_between_plain_launches(llama, engine_kwargs, monkeypatch):
     prompts = random_prompts([13, 7, 21], seed=4)
     params = SamplingParams(n=3, temperature=1.0, top_p=0.9, max_tokens=14, seed=2, ignore_eos=True)
     plain = LLM(llama, block_size=4, **engine_kwargs).generate(prompts, params)
-    drafter = EveryOtherStep.from_outputs(prompts, plain, V)
-    llm = speculative_llm(llama, drafter, block_size=4, **engine_kwargs)
+    llm = speculative_llm(llama, PartlyWrongDrafter.from_outputs(prompts, plain, V), block_size=4, **engine_kwargs)
+    policy = llm.llm_engine.speculator.policy
+    monkeypatch.setattr(policy, "may_verify", EveryOtherLaunch(policy))
     assert samples(llm.generate(prompts, params)) == samples(plain)
     stats = llm.stats
     assert stats.num_verify_steps > 0 and stats.num_spec_range_steps > stats.num_verify_steps
@@ -61,7 +63,7 @@ def test_abort_then_continue_with_speculation(llama):
     drafter = PartlyWrongDrafter.from_outputs(prompts, full, V)
     spec = {"method": "suffix", "draft_rule": "always"}
     engine = LLMEngine(llama, EngineArgs(block_size=4, speculative_config=spec))
-    engine.speculator.drafter = drafter
+    engine.model_runner.verify.drafter = drafter
     for i, prompt in enumerate(prompts):
         engine.add_request(str(i), prompt, params)
     for _ in range(3):

@@ -1,6 +1,6 @@
-"""Speculative decoding's CUDA paths: verify launches under CUDA graphs (the Triton verify kernel, rows and draft
-lengths bucketed) against eager, fp32 greedy against transformers, bf16 log-probs within the plain engine's bound.
-Run on the GPU machine: `pytest -m gpu tests/rollout/test_spec_gpu.py`."""
+"""Speculative decoding's CUDA paths: verify launches (k = 8 rounds chained on the device) under CUDA graphs (the
+Triton verify kernel, rows bucketed) against eager, fp32 greedy against transformers, bf16 log-probs within the plain
+engine's bound. Run on the GPU machine: `pytest -m gpu tests/rollout/test_spec_gpu.py`."""
 
 import pytest
 import torch
@@ -59,7 +59,7 @@ def test_bf16_speculative_logprobs_match_a_full_forward():
     and here tighter: the mean within 10% of the bf16 forward's. Against the bf16 forward itself 5e-2 (the plain
     engine: 2e-2): the plain decode kernel rounds like the packed FlashAttention forward, the verify launch (query
     length k + 1, a multi-token tail) does not, and an exact fp32-accumulating attention in its place measured
-    farther still from the bf16 forward while closer to fp32 (scripts/gpu/spec_logprob_probe.py, docs/dev-log.md)."""
+    farther still from the bf16 forward while closer to fp32 (`bench/results/2026-12-02-h200-spec-probes-8838f0c/`)."""
     reference, model = cuda_model()
     prompts = random_prompts(LENGTHS, vocab=V)[:4]
     params = SamplingParams(n=4, temperature=1.0, top_p=0.95, max_tokens=32, seed=3)
@@ -100,22 +100,14 @@ def compiled_verify_kernels() -> int:
 @pytest.mark.gpu
 @pytest.mark.parametrize("eager, max_num_seqs", [(False, 40), (True, 10)])
 def test_verify_kernels_compile_at_engine_start_not_in_a_generation(eager, max_num_seqs):
-    """Every draft-length bucket (and row count's split plan) is a Triton compile of the verify kernel: the engine
-    compiles them when it starts, so a generation's verify launches, whatever their drafts, compile nothing. Drafts of
-    every length up to the most (a drafter that drafts the truth, cut at each length in turn); fp32, so the tokens
-    equal plain decoding's. Eager at 10 rows: a 70-token verify buffer, whose `num_query` view is not 16-byte aligned
-    (Triton specializes pointers on that), as the engine-start calls must match."""
+    """Every row count's split plan (and bucket) is a Triton compile of the verify kernel: the engine compiles them
+    when it starts, so a generation's verify launches compile nothing. Under graphs and eager (10 rows: row counts no
+    graph holds); fp32, so the tokens equal plain decoding's."""
     _, model = cuda_model(dtype=torch.float32)
     prompts = random_prompts(LENGTHS, vocab=V)
     params = SamplingParams(n=2, temperature=0.0, max_tokens=32, ignore_eos=True)
     plain = LLM(model, num_kv_blocks=256, max_num_seqs=40).generate(prompts, params)
     drafter = PartlyWrongDrafter.from_outputs(prompts, plain, V, wrong_every=0)
-    lengths, propose = iter(range(10**6)), drafter.propose
-
-    def cut(seqs, groups, num_tokens):  # draft lengths 1..6 in turn
-        return [d[: 1 + next(lengths) % 6] for d in propose(seqs, groups, num_tokens)]
-
-    drafter.propose = cut
     llm = speculative_llm(model, drafter, num_speculative_tokens=6, num_kv_blocks=256, max_num_seqs=max_num_seqs,
                           enforce_eager=eager)  # fmt: skip
     compiled = compiled_verify_kernels()

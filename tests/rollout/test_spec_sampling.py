@@ -107,7 +107,7 @@ def test_speculative_samples_follow_the_exact_distribution(small_vocab, temperat
     ]
     kwargs = dict(block_size=4, max_num_seqs=GROUP * SEEDS, num_kv_blocks=3 * GROUP * SEEDS)
     # The suffix drafter drafts from the siblings' tokens: every sample drafts from 149 others.
-    spec_config = {"disable_by_batch_size": GROUP * SEEDS, "prompt_lookup_min": 1, "suffix_decoding_min_token_prob": 0}
+    spec_config = {"disable_by_batch_size": GROUP * SEEDS, "prompt_lookup_min": 1}
     llm = speculative_llm(model, None, num_speculative_tokens=3, speculative_config=spec_config, **kwargs)
     spec = [tuple(c.token_ids) for o in llm.generate([prompt] * SEEDS, params) for c in o.outputs]
     stats = llm.stats

@@ -11,9 +11,9 @@ inside the timed runs (plain / spec / spec+history: a new launch shape's one-off
 plain's (all, where verify and decode compute bit-identical logits; bf16 kernels may differ in the last bit, and a
 sample that draws another token there continues differently, as exactly distributed).
 
-`--offline` (any device, CPU included): plain generations only, then the drafter and the rule replayed over them
-(rollout/spec/replay.py; exact, since the tokens a verify step keeps are the plain tokens): acceptance, tokens per
-verify step and the decode-step speed-up at assumed verify costs, for the tuned defaults and for the issue's
+`--offline` (any device, CPU included): plain generations only, then the device drafter replayed over them
+(rollout/spec/replay.py; exact, since the tokens a verify round keeps are the plain tokens): acceptance, tokens per
+verify round and the decode-step speed-up at assumed round costs, for the configured drafter and for the issue's
 calibration drafter (suffix matches of up to 6 tokens, 4 draft tokens, drafting every step), and a second epoch of
 the same prompts drafted from the first's responses.
 """
@@ -33,14 +33,12 @@ from nonstop.config.assign import parse_key_values
 from nonstop.config.rollout import SpeculativeConfig
 from nonstop.rollout import LLM, SamplingParams
 from nonstop.rollout.spec.replay import replay
-from nonstop.rollout.spec.speculator import make_drafter
 
 DEFAULT_DATA = "/work/shared/data/gsm8k/train.jsonl"
-COST_RATIOS = (1.0, 1.3, 1.6)  # verify step / plain decode step, for the offline speed-up estimates
+COST_RATIOS = (1.0, 1.3, 1.6)  # verify round / plain decode step, for the offline speed-up estimates
 # The issue's calibration drafter: longest suffix match of up to 6 tokens over the sequence, its siblings and the
 # prompt, 4 draft tokens, every step drafting.
-CALIBRATION = dict(prompt_lookup_max=6, num_speculative_tokens=4, draft_rule="always", disable_by_batch_size=1 << 30,
-                   suffix_decoding_max_cached_requests=0)  # fmt: skip
+CALIBRATION = dict(prompt_lookup_max=6, num_speculative_tokens=4, disable_by_batch_size=1 << 30)
 
 
 def _floats(text: str) -> list[float]:
@@ -97,7 +95,7 @@ def run_online(llm: LLM, prompts, args, temperature: float) -> dict:
     """One (temperature, prompts) case: plain, spec and spec+history, `--repeats` times each, interleaved."""
     engine = llm.llm_engine
     speculator = engine.speculator
-    history = speculator.drafter.history
+    history = engine.model_runner.verify.history
     sides = {"plain": [], "spec": [], "spec_history": []}
     spec_metrics, history_metrics, identical = [], [], []
     captures = {side: [] for side in sides}  # seconds of CUDA-graph captures inside each timed run
@@ -153,11 +151,11 @@ def run_offline(llm: LLM, prompts, args, temperature: float, config: Speculative
         walls.append(wall)
     calibration = dataclasses.replace(config, **CALIBRATION)
     result = {"plain_wall_s": walls, "calibration": replay(epochs[0], calibration).to_json()}
-    drafter = make_drafter(config)
-    for name, groups in (("epoch1", epochs[0]), ("epoch2_history", epochs[1])):
-        stats = replay(groups, config, cost_ratio=COST_RATIOS[1], drafter=drafter)
+    history = [outputs for _, outputs in epochs[0]]
+    for name, groups, past in (("epoch1", epochs[0], None), ("epoch2_history", epochs[1], history)):
+        stats = replay(groups, config, past)
         result[name] = {**stats.to_json(), "speedup": {str(r): stats.speedup(r) for r in COST_RATIOS}}
-    every_step = dataclasses.replace(config, disable_by_batch_size=1 << 30, draft_rule="always")
+    every_step = dataclasses.replace(config, disable_by_batch_size=1 << 30)
     result["every_step"] = replay(epochs[0], every_step).to_json()
     return result
 

@@ -46,22 +46,19 @@ class SpeculativeConfig:
         "samples and earlier responses to the same prompt, verified in one forward; samples and log-probs are "
         "exactly those of plain decoding)",
     )
-    num_speculative_tokens: int = option(8, "Most draft tokens per sequence per verify step")
+    num_speculative_tokens: int = option(8, "Draft tokens per sequence per verify round")
     disable_by_batch_size: int = option(
         32,
-        "Draft only while at most this many sequences run (larger decode batches are compute-bound: a verify step "
+        "Verify only while at most this many sequences run (larger decode batches are compute-bound: a verify round "
         "costs about its tokens there)",
     )
     draft_rule: str = option(
         "auto",
-        "(nonstop) auto = draft where the acceptance history and the measured step times say a verify step pays "
-        "(never slower than plain decoding); always = verify every step that has a draft",
+        "(nonstop) auto = verify where the kept tokens and the measured round and step times say a verify launch pays "
+        "(never slower than plain decoding); always = verify every launch in range",
     )
     prompt_lookup_max: int = option(16, "Longest suffix of a sequence matched against its group's text")
     prompt_lookup_min: int = option(2, "Shortest suffix match that yields a draft")
-    suffix_decoding_min_token_prob: float = option(
-        0.1, "A draft stops where the matched continuations agree on its next token less often than this"
-    )
     suffix_decoding_max_cached_requests: int = option(
         10000,
         "Prompts whose latest responses are kept (least recently used out) to draft from when the prompt returns "
@@ -78,12 +75,6 @@ class SpeculativeConfig:
             "prompt_lookup_min",
             self.prompt_lookup_min,
             f"must be <= prompt_lookup_max={self.prompt_lookup_max}",
-        )
-        check(
-            0 <= self.suffix_decoding_min_token_prob < 1,
-            "suffix_decoding_min_token_prob",
-            self.suffix_decoding_min_token_prob,
-            "must be in [0, 1)",
         )
         check(
             self.suffix_decoding_max_cached_requests >= 0,

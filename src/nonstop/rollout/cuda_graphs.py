@@ -1,6 +1,6 @@
 """CUDA graphs for decode-only and verify launches: a launch's whole device work (`ModelRunner.decode_launch`: k
-steps of model, logits, sampler and writes; `ModelRunner.verify_launch`: one step over every row's last token and
-draft) replayed as one graph.
+steps of model, logits, sampler and writes; `VerifyLauncher.launch`: k verify rounds, each drafting, computing and
+sampling every row's last token and draft, and keeping what agrees) replayed as one graph.
 
 Its static inputs are the runner's persistent buffers, so a replay copies nothing. Batch sizes are bucketed
 (`graph_batch_sizes`, or `cudagraph_capture_sizes`; a larger batch decodes eagerly), padding rows write into the
@@ -71,7 +71,7 @@ class DecodeGraphs:
         r = self.runner
         # Capture-time inputs: every row a padding row, so the warm-up and capture write only the scratch block.
         if shape.num_query > 1:
-            r.verify_planner.pad(r.verify_buffers.dev, 0, shape.num_rows, 0, shape.num_rows // shape.num_query)
+            r.verify.pad_for_capture(shape)
         else:
             b = r.buffers.dev
             r.planner.pad_rows(b, 0, shape.num_rows)
@@ -106,7 +106,7 @@ class DecodeGraphs:
 
     def _launch(self, shape: LaunchShape) -> None:
         if shape.num_query > 1:
-            self.runner.verify_launch(shape)
+            self.runner.verify.launch(shape)
         else:
             self.runner.decode_launch(shape)
 

@@ -3,7 +3,7 @@
 Async scheduling (the default): `step` launches step k+1 before it reads step k's sampled tokens, and does step k's
 host work while the device runs step k+1; a stop is seen one step late and costs one discarded token. Sampling does
 not change (a token's noise depends only on its seed, sample index and position). Speculative decoding (rollout/spec/)
-drafts only where few sequences run; a step that verifies drafts is read before the next is scheduled.
+verifies only where few sequences run; a verify launch (k rounds on the device) is read before the next is scheduled.
 docs/engine.md has the details.
 """
 
@@ -170,25 +170,25 @@ class LLMEngine:
             raise RuntimeError("the KV cache is released; call resume() before generating")
         start = time.perf_counter()
         outputs, self.ready = self.ready, []
-        stats, drafts, spec = self.scheduler.stats, None, self.speculator
-        if spec is not None and spec.wants_drafts(self.scheduler):
-            outputs += self._process_in_flight()  # drafts read every token of the running sequences
-            drafts, draft_s = spec.propose(self.scheduler, self._group)
-            stats.draft_time_s += draft_s
-            start = time.perf_counter() - draft_s  # a verify step's time: drafting, launch, read, host work
-        batch = self.scheduler.schedule(drafts)
+        stats, rounds, spec = self.scheduler.stats, None, self.speculator
+        if spec is not None and spec.wants_verify(self.scheduler):
+            outputs += self._process_in_flight()  # the rounds draft from every token of the running sequences
+            rounds = (self.num_scheduler_steps, self.model_runner.verify.num_query)
+            start = time.perf_counter()  # a verify launch's time: scheduling, launch, read, host work
+        batch = self.scheduler.schedule(rounds)
         if not batch.seqs and self.in_flight is None:
             assert self.scheduler.is_finished(), "unfinished requests but nothing could be scheduled"
             return outputs
-        launched, verify, captured = None, batch.draft_token_ids is not None, False
+        launched, verify, captured = None, batch.num_rounds > 0, False
         prefill = not verify and max(batch.num_new_tokens, default=0) > 1
         if batch.seqs:
             timed = not verify and not prefill and spec is not None and spec.in_range(self.scheduler)
             graphs = self.model_runner.graphs
             captures = graphs.num_captures if graphs is not None else 0
             launched_at = time.perf_counter()
+            runner = self.model_runner
             try:
-                sampled = self.model_runner.launch(batch)
+                sampled = runner.launch_verify(batch, self._group) if verify else runner.launch(batch)
             except BaseException:
                 # Scheduling registered prefix-cache hashes for blocks this step never wrote.
                 self.block_manager.reset_prefix_cache()
@@ -203,8 +203,13 @@ class LLMEngine:
             if self.args.async_scheduling and not verify:
                 result = self.scheduler.advance(batch)
                 launched = _InFlight(sampled, result.sampled, sampled.num_steps if timed else 0, launched_at)
+            elif verify:
+                # A verify launch's outcome decides what the next step computes: read now.
+                result = self.scheduler.keep_rounds(batch, sampled.read())
+                self.last_read_at = time.perf_counter()
+                self.model_runner.verify.kept(batch.seqs)
+                outputs += self._finished_outputs(result.finished)
             else:
-                # A verify step's outcome decides what the next step computes: read now.
                 result = self.scheduler.postprocess(batch, *sampled.read())
                 self.last_read_at = time.perf_counter()
                 if timed:
@@ -218,8 +223,6 @@ class LLMEngine:
         # A launch that captured a graph held the host for the capture: the step read behind it has no period.
         outputs += self._process_in_flight(pipelined=bool(batch.seqs) and not captured)
         self.in_flight = launched
-        if spec is not None and launched is not None:
-            spec.prepare(self.scheduler, self._group)  # the device still runs the step just launched
         if not self.requests:
             # Every request is done: what is still in flight was computed past their ends; drop it now rather than
             # leave a step running into the caller's next move (weight update, release).
@@ -231,9 +234,10 @@ class LLMEngine:
         if verify:
             stats.decode_time_s += elapsed
             stats.verify_time_s += elapsed
-            stats.num_spec_range_steps += 1
-            spec.policy.verified([s.seq_id for s in batch.seqs], list(map(len, batch.draft_token_ids)),
-                                 result.accepted, None if captured else elapsed)  # fmt: skip
+            stats.num_spec_range_steps += batch.num_rounds
+            kept = sum(len(s.token_ids) for s in batch.seqs) - sum(batch.num_cached_tokens) - len(batch.seqs)
+            per_round = kept / max(sum(result.rounds), 1)
+            spec.policy.verified(per_round, None if captured else elapsed / batch.num_rounds)
         elif prefill:
             stats.prefill_time_s += elapsed
         else:
@@ -281,7 +285,8 @@ class LLMEngine:
             request = self.requests.pop(request_id)
             outputs.append(self._output(request))
             if self.speculator is not None:
-                self.speculator.finished(request_id, request.seqs, [c.token_ids for c in outputs[-1].outputs])
+                self.model_runner.verify.finished(request_id, request.prompt_token_ids,
+                                                  [c.token_ids for c in outputs[-1].outputs])  # fmt: skip
         return outputs
 
     def has_unfinished_requests(self) -> bool:
@@ -302,7 +307,7 @@ class LLMEngine:
             if request is not None:
                 outputs.append(self._output(request))
                 if self.speculator is not None:
-                    self.speculator.finished(request_id, request.seqs, None)
+                    self.model_runner.verify.finished(request_id, request.prompt_token_ids, None)
         return sorted(outputs, key=lambda o: order[o.request_id])
 
     def _output(self, request: _Request) -> RequestOutput:

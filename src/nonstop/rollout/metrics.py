@@ -8,9 +8,9 @@ time in steps that preempted or could not admit a waiting request for lack of fr
 (`rollout/kv_blocked_frac`). Small batches: time in decode steps running at most `SMALL_BATCH` sequences
 (`rollout/small_batch_frac`), where a decode step costs its weight reads whatever its tokens (what speculative
 decoding spends). Speculative decoding (`rollout/spec/*`, when it is on): draft tokens verified and accepted, the
-acceptance rate, tokens per sequence per verify step (1 + accepted drafts, less any past a stop), verify steps as a
-share of the decode steps in the drafting range, the wall time of verify and of plain steps there, and the host
-time drafting took. CUDA graphs captured during the call and the time their launches took (`rollout/graph_captures`,
+acceptance rate, tokens per sequence per verify round (1 + accepted drafts, less any past a stop), verify rounds as
+a share of the decode steps in the drafting range, and the wall time of verify and of plain launches there. CUDA
+graphs captured during the call and the time their launches took (`rollout/graph_captures`,
 `rollout/graph_capture_s`, when any was).
 """
 
@@ -78,7 +78,6 @@ def spec_metrics(stats: SchedulerStats) -> dict[str, float]:
         "rollout/spec/verify_step_frac": stats.num_verify_steps / stats.num_spec_range_steps,
         "rollout/spec/verify_time_s": stats.verify_time_s,
         "rollout/spec/plain_time_s": stats.spec_plain_time_s,
-        "rollout/spec/draft_time_s": stats.draft_time_s,
     }
 
 

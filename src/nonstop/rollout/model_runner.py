@@ -5,13 +5,14 @@ runs the model with a `PagedAttention` backend, computes logits only at the rows
 and queues ONE copy of the sampled ids and log-probs back to pinned host memory. `launch` never waits for the device:
 the returned `SampledStep.read` is the step's one host sync, which the engine defers past the next launch (async
 scheduling). A decode-only launch (`decode_launch`: k chained decode steps, multi-step decode) and a verify launch
-(`verify_launch`: speculative decoding, every row's last token and draft sampled at each position) read only
-persistent buffers, so on CUDA each is replayed as one CUDA graph (cuda_graphs.py). docs/engine.md has the design.
+(`launch_verify`: speculative decoding, k verify rounds chained on the device, rollout/spec/) read only persistent
+buffers, so on CUDA each is replayed as one CUDA graph (cuda_graphs.py). docs/engine.md has the design.
 """
 
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -28,9 +29,11 @@ from nonstop.rollout.kv_cache import default_num_blocks, kv_block_bytes
 from nonstop.rollout.paged_attention import AttentionMetadata, PagedAttention
 from nonstop.rollout.sampler import SamplingTensors, sample
 from nonstop.rollout.scheduled import ScheduledBatch
-from nonstop.rollout.step_buffers import SampledBuffers, SampledStep, SequenceRows, StepBuffers, VerifyBuffers
+from nonstop.rollout.sequence import Sequence
+from nonstop.rollout.spec.launcher import VerifyLauncher, verify_capacity
+from nonstop.rollout.spec.round_plan import VerifyStep
+from nonstop.rollout.step_buffers import SampledBuffers, SampledStep, SequenceRows, StepBuffers
 from nonstop.rollout.step_plan import LaunchShape, StepPlan, StepPlanner
-from nonstop.rollout.verify_plan import VerifyPlanner, draft_buckets, verify_capacity
 
 
 class ModelRunner:
@@ -50,17 +53,11 @@ class ModelRunner:
         # Per sample row, the tokens min_tokens bans this launch: a persistent buffer, so CUDA graphs read it in place.
         # Before the KV cache is sized, which counts it as used memory.
         self.stop_mask_RV = torch.zeros(max_num_seqs, model.config.vocab_size, dtype=torch.bool, device=self.device)
-        # Speculative decoding: the most rows and tokens of a verify launch, and its own min_tokens mask.
+        # Speculative decoding: the most rows of a verify launch.
         spec = args.speculative_config
         use_graphs = self.device.type == "cuda" and not args.enforce_eager
         sizes = args.cudagraph_capture_sizes or graph_batch_sizes(max_num_seqs)
         self.verify_rows = verify_capacity(spec, max_num_seqs, sizes if use_graphs else None)
-        verify_tokens = self.verify_rows * (1 + spec.num_speculative_tokens)
-        self.verify_stop_mask_TV = (
-            torch.zeros(verify_tokens, model.config.vocab_size, dtype=torch.bool, device=self.device)
-            if verify_tokens
-            else None
-        )
         self.kv_block_bytes = kv_block_bytes(model, self.block_size, self.dtype)
         self.num_kv_blocks = args.num_kv_blocks
         if self.num_kv_blocks is None:
@@ -92,30 +89,26 @@ class ModelRunner:
         # Every launch's sampled ids (row j * S + i: step j, sequence i), left on the device for the next step's
         # inputs (`decode_input_ids`, `_advance_decode_inputs`).
         self.sampled_ids = torch.zeros(num_scheduler_steps * max_num_seqs, dtype=torch.int64, device=self.device)
-        self.sampled = SampledBuffers(max(num_scheduler_steps * max_num_seqs, verify_tokens), self.device)
-        self.verify_planner = None
-        if verify_tokens:
-            self.verify_buffers = VerifyBuffers(verify_tokens, self.max_blocks_per_seq, self.device)
-            self.verify_planner = VerifyPlanner(self.rows, self.verify_buffers, self.block_size, self.scratch_block,
-                                                spec.num_speculative_tokens, c.vocab_size)  # fmt: skip
+        self.sampled = SampledBuffers(num_scheduler_steps * max_num_seqs, self.device)
+        self.verify = VerifyLauncher(self, spec, self.verify_rows, num_scheduler_steps) if self.verify_rows else None
         if use_graphs:
             self.graphs = DecodeGraphs(self, args.cudagraph_capture_sizes or max_num_seqs)
-        if verify_tokens and self.device.type == "cuda":
-            self._compile_verify_kernels(spec.num_speculative_tokens, sizes if use_graphs else None)
+        if self.verify is not None and self.device.type == "cuda":
+            self._compile_verify_kernels(sizes if use_graphs else None)
 
-    def _compile_verify_kernels(self, num_speculative_tokens: int, graph_sizes: list[int] | None) -> None:
-        """Compile the verify attention kernel's variants now (kernels/paged_verify_triton.py), for every shape a
-        verify launch may take: a graph's row and draft-length buckets, and, for row counts no graph holds (eager),
-        every row count and draft length."""
+    def _compile_verify_kernels(self, graph_sizes: list[int] | None) -> None:
+        """Compile the verify attention kernel's variants now (kernels/paged_verify_triton.py), for every row count
+        a verify launch may take (a graph's buckets, or, eager, every count), not inside the first generation that
+        meets them."""
         from nonstop.kernels.paged_verify_triton import compile_verify_variants
 
         graph_rows = [s for s in graph_sizes or () if s <= self.verify_rows]
-        shapes = [(rows, 1 + d) for rows in graph_rows for d in draft_buckets(num_speculative_tokens)]
         eager_rows = range(1 + max(graph_rows, default=0), self.verify_rows + 1)
-        shapes += [(rows, 1 + d) for rows in eager_rows for d in range(1, 1 + num_speculative_tokens)]
-        dev = self.verify_buffers.dev
-        compile_verify_variants(self.dtype, self.config.num_attention_heads, self.k_caches[0], dev["block_tables"],
-                                dev["context_lens"], dev["num_query"], shapes)  # fmt: skip
+        Q = self.verify.num_query
+        block_tables = self.verify.planner.fields.dev["block_tables"]
+        lens = torch.zeros(self.verify_rows, dtype=torch.int32, device=self.device)
+        compile_verify_variants(self.dtype, self.config.num_attention_heads, self.k_caches[0], block_tables, lens,
+                                lens, [(rows, Q) for rows in [*graph_rows, *eager_rows]])  # fmt: skip
         torch.cuda.synchronize(self.device)
 
     @property
@@ -126,8 +119,8 @@ class ModelRunner:
     @graphs.setter
     def graphs(self, graphs: DecodeGraphs | None) -> None:
         self._graphs = self.planner.graphs = graphs
-        if self.verify_planner is not None:
-            self.verify_planner.graphs = graphs
+        if self.verify is not None:
+            self.verify.graphs = graphs
 
     @property
     def cascade_attention(self) -> bool | str:
@@ -327,40 +320,13 @@ class ModelRunner:
             hidden_RH = self.model(ids, positions, PagedAttention(self.k_caches, self.v_caches, md))
             self._sample(hidden_RH, shape, step)
 
-    def verify_launch(self, shape: LaunchShape) -> None:
-        """A verify launch's device work once its inputs are uploaded: the model over the R = rows x Q query tokens
-        (each row's last token and draft, causal among them, over its paged KV), the logits at every token, the
-        sampler, and the sampled ids and log-probs into the sampled buffer. Like `decode_launch` it reads only
-        persistent buffers (the verify buffer's device views, the KV cache, its stop mask) and syncs nothing: what
-        `DecodeGraphs` captures for a (rows, Q) shape, and what runs as it is elsewhere."""
-        dev, T, Q = self.verify_buffers.dev, shape.num_rows, shape.num_query
-        N = T // Q
-        md = AttentionMetadata(
-            slot_mapping_T=dev["slot_mapping"][:T], num_prefill_tokens=0, cu_seqlens_q=[0], cu_seqlens_k=[0],
-            cu_seqlens_q_t=None, cu_seqlens_k_t=None, max_seqlen_q=0, max_seqlen_k=0, context_slots_C=None,
-            block_tables_NM=dev["block_tables"][:N], context_lens_N=dev["context_lens"][:N],
-            num_query_N=dev["num_query"][:N],
-        )  # fmt: skip
-        attention = PagedAttention(self.k_caches, self.v_caches, md)
-        hidden_TH = self.model(dev["input_ids"][:T], dev["positions"][:T], attention)
-        tensors = self._sampling_tensors(shape, 0, dev, self.verify_stop_mask_TV)
-        tokens_T, logprobs_T = sample(self.model.compute_logits(hidden_TH), tensors)
-        self.sampled.write(0, tokens_T, logprobs_T)
-
-    def _launch_verify(self, batch: ScheduledBatch) -> SampledStep:
-        plan = self.verify_planner.plan(batch)
-        shape = plan.shape
-        if plan.use_graph and not self.graphs.has(shape):
-            self.graphs.capture(shape)  # before the upload: capturing overwrites the buffer's rows
-        self.verify_buffers.upload(num_block_table_rows=plan.num_rows)
-        self._stage_stop_mask(plan.banned, self.verify_stop_mask_TV, shape.num_rows)
-        # Every token of the next step is known on the host (the engine reads a verify step before the next).
+    @torch.inference_mode()
+    def launch_verify(self, batch: ScheduledBatch, group_of: Callable[[Sequence], list[Sequence]]) -> VerifyStep:
+        """Queue a verify launch (`batch.num_rounds` rounds, rollout/spec/rounds.py) without waiting for it; what each
+        sequence kept comes from the returned handle's `read`. Every token of the next step is known on the host once
+        it is read (the engine reads a verify launch before scheduling the next step)."""
         self.planner.in_flight_rows = None
-        if plan.use_graph:
-            self.graphs.replay(shape)
-        else:
-            self.verify_launch(shape)
-        return self.sampled.read_back(1, shape.num_rows, plan.rows)
+        return self.verify.launch_batch(batch, group_of)
 
     @torch.inference_mode()
     def launch(self, batch: ScheduledBatch) -> SampledStep:
@@ -368,8 +334,6 @@ class ModelRunner:
         token ids and their log-probs, one row per sample drawn, in batch order (multi-step: step by step, the rows
         of steps each sequence really runs; a verify step: each sequence's 1 + draft length positions), come from
         the returned handle's `read`."""
-        if batch.draft_token_ids is not None:
-            return self._launch_verify(batch)
         plan, _ = self.planner.plan(batch)
         S, K = plan.num_sample_rows, batch.num_scheduler_steps
         assert K <= self.num_scheduler_steps and (K == 1 or S == plan.num_decode == len(batch.seqs))

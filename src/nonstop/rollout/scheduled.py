@@ -22,9 +22,11 @@ class ScheduledBatch:
     # Multi-step decode: how many decode steps each sequence runs in this launch (1..k, its first token is
     # `num_new_tokens`' 1); None for a single step.
     num_steps: list[int] | None = None
-    # A verify step (speculative decoding): each sequence's draft, the tokens it computes after its last one
-    # (`num_new_tokens` is 1 + the draft's length) and samples at, one row per position; None for other steps.
-    draft_token_ids: list[list[int]] | None = None
+    # A verify launch (speculative decoding, rollout/spec/rounds.py): its rounds (0: not one), and per sequence the
+    # length it may reach (prompt + max_tokens) and the positions its reserved KV blocks cover for the rounds.
+    num_rounds: int = 0
+    max_lengths: list[int] | None = None
+    kv_capacity: list[int] | None = None
 
     @property
     def num_scheduler_steps(self) -> int:
@@ -58,11 +60,11 @@ class SchedulerStats:
     # bytes and tokens by. Under async scheduling a decode step's wall time is about its device time.
     prefill_time_s: float = 0.0
     decode_time_s: float = 0.0
-    # Speculative decoding (verify steps, rollout/spec/): decode steps run in the drafting range (verify or plain;
-    # each step of a multi-step launch counts), sequences computed in verify steps (a sequence once per step), those
-    # of them that had a draft, draft tokens verified, those the sampler agreed with (accepted), the tokens verify
-    # steps produced (accepted + one per sequence, less any computed past a stop), their wall time and the plain
-    # launches'.
+    # Speculative decoding (verify rounds, rollout/spec/): decode steps run in the drafting range (verify rounds or
+    # plain steps; each round or step of a launch counts), verify rounds with a live sequence, sequences computed in
+    # them (a sequence once per round), those of them that had a draft, draft tokens verified, those the sampler
+    # agreed with (accepted), the tokens the rounds kept (accepted + one per sequence, less any computed past a
+    # stop), the verify launches' wall time and the plain launches'.
     num_spec_range_steps: int = 0
     num_verify_steps: int = 0
     num_verify_seqs: int = 0
@@ -72,7 +74,6 @@ class SchedulerStats:
     num_verify_tokens: int = 0
     verify_time_s: float = 0.0
     spec_plain_time_s: float = 0.0  # wall time of the plain decode launches in the drafting range
-    draft_time_s: float = 0.0  # host time the drafter took (inside the verify steps' wall time)
     # CUDA graphs captured (lazily, the first time a launch shape is needed) and the wall time of the launches that
     # captured them (inside the step times above): what a new shape costs a run that otherwise replays.
     num_graph_captures: int = 0
@@ -102,4 +103,6 @@ class StepResult:
     forked: list[Sequence] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) KV blocks to copy now
     sampled: SampledRows = field(default_factory=SampledRows)
-    accepted: list[int] = field(default_factory=list)  # a verify step: each sequence's accepted draft tokens
+    # A verify launch: per sequence, its draft tokens kept, and the rounds in which it was live.
+    accepted: list[int] = field(default_factory=list)
+    rounds: list[int] = field(default_factory=list)

@@ -91,9 +91,10 @@ class Scheduler:
     def _reserve_fork_blocks(self, seq: Sequence, num_new_tokens: int, num_cached: int) -> int:
         return self._fork_blocks(seq) if num_cached + num_new_tokens == seq.num_tokens else 0
 
-    def schedule(self, drafts: dict[int, list[int]] | None = None) -> ScheduledBatch:
-        """The next step. `drafts` (speculative decoding: draft tokens by seq_id, every token of the running
-        sequences known) make it a verify step when it would only decode; otherwise they are ignored."""
+    def schedule(self, verify: tuple[int, int] | None = None) -> ScheduledBatch:
+        """The next step. `verify` = (rounds, query slots) (speculative decoding, every token of the running sequences
+        known) makes it a verify launch when it would only decode and the blocks of every round fit; otherwise it is
+        ignored."""
         self.block_manager.begin_step()
         batch = self._schedule_decodes()
         preempted, num_decoding = False, len(batch.seqs) if batch is not None else 0
@@ -103,9 +104,9 @@ class Scheduler:
         self._admit(batch, self.max_num_batched_tokens - sum(batch.num_new_tokens), preempted)
         seqs, num_new = batch.seqs, batch.num_new_tokens
         decode_only = seqs and not preempted and len(seqs) == num_from_running
-        if drafts is not None and decode_only:
-            batch.draft_token_ids = self._reserve_drafts(seqs, num_new, drafts)
-        if self.num_scheduler_steps > 1 and decode_only and batch.draft_token_ids is None:
+        if verify is not None and decode_only:
+            self._reserve_rounds(batch, *verify)
+        if self.num_scheduler_steps > 1 and decode_only and not batch.num_rounds:
             batch.num_steps = self._reserve_steps(seqs, num_new)
         if seqs:
             self.stats.num_steps += 1
@@ -250,33 +251,27 @@ class Scheduler:
             bm.allocate(seq, m)
         return steps
 
-    def _reserve_drafts(
-        self, seqs: list[Sequence], num_new: list[int], drafts: dict[int, list[int]]
-    ) -> list[list[int]] | None:
-        """A verify step: each sequence's draft, cut to leave room for the token sampled after it within max_tokens
-        and to the token budget, with the KV blocks of every drafted position allocated (`num_new` becomes 1 + the
-        draft's length); None (a plain step) unless every sequence decodes one known token, some sequence has a draft,
-        and all the blocks fit. Allocating hashes no block holding a draft token: the blocks hashed are those full of
-        known tokens (`BlockManager._num_hashable_blocks` stops at the sequence's length)."""
-        bm, budget = self.block_manager, self.max_num_batched_tokens - len(seqs)
+    def _reserve_rounds(self, batch: ScheduledBatch, num_rounds: int, num_query: int) -> None:
+        """A verify launch: every sequence decodes one known token, and gets the KV blocks of every position its
+        rounds may write (up to `num_rounds` x `num_query` tokens from its last one, within its max_tokens), all of
+        them or, when they do not fit, none (the batch stays a plain step). Allocating hashes no block past the
+        sequence's known tokens (`BlockManager._num_hashable_blocks`), so no unaccepted draft token is ever hashed."""
+        bm = self.block_manager
         B = bm.block_size
-        cut, needed = [], 0
-        for seq, n in zip(seqs, num_new, strict=True):
+        caps, needed = [], 0
+        for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
             cached, num_tokens = seq.num_cached_tokens, len(seq.token_ids)
             if n != 1 or seq.num_samples != 1 or cached + 1 != num_tokens or seq.token_ids[-1] < 0:
-                return None
-            draft = drafts.get(seq.seq_id, ())
-            k = max(0, min(len(draft), seq.max_num_tokens - num_tokens - 1, budget))
-            budget -= k
-            cut.append(list(draft[:k]))
-            needed += max(0, -(-(cached + 1 + k) // B) - len(seq.block_table))
-        if not any(cut) or needed > bm.num_free_blocks:
-            return None
-        for i, (seq, draft) in enumerate(zip(seqs, cut, strict=True)):
-            if draft:
-                bm.allocate(seq, 1 + len(draft))
-                num_new[i] = 1 + len(draft)
-        return cut
+                return
+            cap = min(cached + num_rounds * num_query, seq.max_num_tokens)
+            caps.append(cap)
+            needed += max(0, -(-cap // B) - len(seq.block_table))
+        if needed > bm.num_free_blocks:
+            return
+        for seq, cap in zip(batch.seqs, caps, strict=True):
+            bm.allocate(seq, cap - seq.num_cached_tokens)
+        batch.num_rounds, batch.kv_capacity = num_rounds, caps
+        batch.max_lengths = [seq.max_num_tokens for seq in batch.seqs]
 
     def preempt(self, seq: Sequence) -> None:
         self.block_manager.deallocate(seq)
@@ -288,43 +283,27 @@ class Scheduler:
 
     def postprocess(self, batch: ScheduledBatch, token_ids: list[int], logprobs: list[float]) -> StepResult:
         """`advance` then `update` with the step's sampled tokens: rows of `token_ids` follow the batch order,
-        `num_samples` rows for each sequence that sampled (a verify step: 1 + its draft's length, `_accept`)."""
-        if batch.draft_token_ids is not None:
-            return self._accept(batch, token_ids, logprobs)
+        `num_samples` rows for each sequence that sampled."""
         result = self.advance(batch)
         result.finished = self.update(result.sampled, token_ids, logprobs)
         return result
 
-    def _accept(self, batch: ScheduledBatch, token_ids: list[int], logprobs: list[float]) -> StepResult:
-        """A verify step's outcome. A sequence of L tokens with draft d_1..d_k sampled y_0..y_k at positions L..L+k
-        (y_j from the logits after its tokens and d_1..d_j, with the uniform plain decoding draws at that position).
-        It keeps y_0..y_a, a the longest prefix with y_j == d_{j+1}: each kept token was sampled after exactly the
-        tokens before it, so they are the tokens (and log-probs) plain decoding samples, and a draft token is kept
-        with its probability under the sampler (the speculative-sampling rule for a deterministic draft;
-        docs/engine.md). The KV of the last token and the accepted drafts stays (num_cached_tokens = L + a); the
-        rejected drafts' slots are overwritten later, their blocks kept for the next steps. `update` then fills the
-        kept tokens like a multi-step launch's rows (step-major), so stops and max_tokens end a sequence inside its
-        accepted draft exactly as they would have ended it in plain decoding."""
+    def keep_rounds(self, batch: ScheduledBatch, rounds) -> StepResult:
+        """A verify launch's outcome (`rounds`: a `VerifyOutcome`). Each sequence kept, round after round, the tokens
+        plain decoding samples (rounds.py): they are appended with their log-probs, and the KV of all but the last
+        is in the cache (num_cached_tokens = tokens - 1; the rejected drafts' slots are overwritten later, their
+        blocks kept for the next steps). `update` then fills the kept tokens like a multi-step launch's rows, so stops
+        and max_tokens end a sequence inside a kept run exactly where plain decoding would have ended it, and kept
+        tokens past that are dropped."""
         result, stats = StepResult(), self.stats
         kept: list[tuple[Sequence, int, list[int], list[float]]] = []
-        offset = 0
-        for seq, draft in zip(batch.seqs, batch.draft_token_ids, strict=True):
-            k = len(draft)
-            sampled = token_ids[offset : offset + k + 1]
-            accepted = 0
-            while accepted < k and sampled[accepted] == draft[accepted]:
-                accepted += 1
+        for seq, ids, lps in zip(batch.seqs, rounds.token_ids, rounds.logprobs, strict=True):
             start = len(seq.token_ids)
-            seq.num_cached_tokens = start + accepted
-            ids, lps = sampled[: accepted + 1], logprobs[offset : offset + accepted + 1]
             seq.token_ids += ids
             seq.output_logprobs += lps
+            seq.num_cached_tokens = len(seq.token_ids) - 1
             kept.append((seq, start, ids, lps))
-            result.accepted.append(accepted)
-            offset += k + 1
-            stats.num_drafting_seqs += k > 0
-            stats.num_draft_tokens += k
-            stats.num_accepted_tokens += accepted
+        result.accepted, result.rounds = rounds.accepted, rounds.live_rounds
         rows, ids_R, lps_R = result.sampled, [], []
         for j in range(max(len(ids) for _, _, ids, _ in kept)):
             for seq, start, ids, lps in kept:
@@ -336,9 +315,13 @@ class Scheduler:
         rows.num_seqs = len(kept)
         generated = stats.num_generated_tokens
         result.finished = self.update(rows, ids_R, lps_R)
-        stats.num_verify_steps += 1
-        stats.num_verify_seqs += len(kept)
+        stats.num_verify_steps += rounds.num_rounds
+        stats.num_verify_seqs += sum(rounds.live_rounds)
+        stats.num_drafting_seqs += rounds.num_drafting
+        stats.num_draft_tokens += sum(rounds.drafted)
+        stats.num_accepted_tokens += sum(rounds.accepted)
         stats.num_verify_tokens += stats.num_generated_tokens - generated
+        stats.num_decode_steps += rounds.num_rounds - 1  # `schedule` counted the launch as one step
         return result
 
     def advance(self, batch: ScheduledBatch) -> StepResult:

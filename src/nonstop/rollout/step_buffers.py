@@ -178,15 +178,6 @@ class StepBuffers:
         return self.dev
 
 
-class VerifyBuffers(StepBuffers):
-    """The step buffers of verify launches (speculative decoding, verify_plan.py), separate from the decode ones so
-    those keep their size: per query token (N rows x Q slots, row n's slot j at n * Q + j) the model's and the
-    sampler's inputs; per row (the first N entries) its context length, live query count and block table."""
-
-    INT64 = ("input_ids", "positions", "slot_mapping", "top_k", "seed", "sample_index", "position", "min_tokens")
-    INT32 = ("context_lens", "num_query")
-
-
 @dataclass
 class SampledStep:
     """A launched step's sampled token ids and log-probs, row by row, on their way to the host."""

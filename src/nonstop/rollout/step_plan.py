@@ -31,8 +31,11 @@ class LaunchShape(NamedTuple):
     all_greedy: bool
     any_top_k: bool
     any_top_p: bool
-    # Query slots per row of a verify launch (1 + its draft-length bucket; R = rows x slots); 1 for decode.
+    # A verify launch (rollout/spec/rounds.py, num_steps its rounds): query slots per row (1 + the draft length;
+    # R = rows x slots), the stream tokens its drafts look at and the streams per row; 1, 0, 0 for decode.
     num_query: int = 1
+    draft_window: int = 0
+    draft_streams: int = 0
 
 
 @dataclass

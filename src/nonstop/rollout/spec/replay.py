@@ -1,34 +1,31 @@
-"""Offline estimate of speculative decoding: replay the drafter and the draft rule over plain generations and count
-what the verify steps would have kept.
+"""Offline estimate of speculative decoding: replay the device drafter over plain generations and count what the verify
+rounds would have kept.
 
-Exact, not a model of it: a verify step keeps the drafted tokens plain decoding samples, so with the plain samples
-known, the tokens a draft keeps are its longest prefix equal to the sample's next tokens (plus the one verify
+Exact, not a model of it: a verify round keeps the drafted tokens plain decoding samples, so with the plain samples
+known, the tokens a draft keeps are its longest prefix equal to the sample's next tokens (plus the one the round
 samples after it). The replay steps every group the way the engine does: all samples start together after the
 prefill (one output token each); a step with more than `disable_by_batch_size` sequences running is a plain step
-(each moves one token on); in the drafting range each sequence asks the drafter for a draft over its group's
-tokens so far (the prompt, its own, its siblings' as far as they got, the history of earlier requests) and moves on
-by what the draft keeps plus one. The `auto` rule sees a verify step cost `cost_ratio` plain steps.
+(each moves one token on); in the drafting range every live sequence drafts (`suffix_match_drafts` over its group's
+streams as far as each got, and the history of earlier requests) and moves on by what the draft keeps plus one. What
+the `auto` rule would do is not replayed: `speedup` prices a round at `cost_ratio` plain steps.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import torch
+
 from nonstop.config.rollout import SpeculativeConfig
-from nonstop.rollout.sampling_params import SamplingParams
-from nonstop.rollout.sequence import Sequence
-from nonstop.rollout.spec.drafter import Drafter
-from nonstop.rollout.spec.policy import DraftPolicy
-from nonstop.rollout.spec.speculator import make_drafter
+from nonstop.rollout.spec.suffix_match import suffix_match_drafts
 
 
 @dataclass
 class ReplayStats:
-    steps: int = 0  # engine decode steps with speculation
+    steps: int = 0  # engine decode steps (plain) and verify rounds with speculation
     plain_steps: int = 0  # the same generations without it (the longest sample's decode steps)
-    verify_steps: int = 0
-    range_plain_steps: int = 0  # plain steps in the drafting range (the rule said no, or no draft)
-    verify_seqs: int = 0  # sequences in verify steps, once per step
+    verify_steps: int = 0  # verify rounds
+    verify_seqs: int = 0  # sequences in verify rounds, once per round
     drafted: int = 0
     accepted: int = 0
     verify_tokens: int = 0
@@ -42,7 +39,7 @@ class ReplayStats:
         return self.verify_tokens / self.verify_seqs if self.verify_seqs else 0.0
 
     def speedup(self, cost_ratio: float) -> float:
-        """Decode time without over with speculation, a verify step costing `cost_ratio` plain steps."""
+        """Decode time without over with speculation, a verify round costing `cost_ratio` plain steps."""
         with_spec = self.steps - self.verify_steps + cost_ratio * self.verify_steps
         return self.plain_steps / with_spec if with_spec else 1.0
 
@@ -53,62 +50,49 @@ class ReplayStats:
 def replay(
     groups: list[tuple[list[int], list[list[int]]]],
     config: SpeculativeConfig,
-    cost_ratio: float = 1.0,
-    drafter: Drafter | None = None,
+    history: list[list[list[int]]] | None = None,
 ) -> ReplayStats:
-    """`groups`: (prompt token ids, the plain samples' output token ids) per request, run as one batch. The drafter
-    keeps its history across calls (pass the same one to replay a later epoch)."""
-    drafter = drafter or make_drafter(config)
-    policy, stats = DraftPolicy(config), ReplayStats()
-    members, truth = [], {}
-    for g, (prompt, outputs) in enumerate(groups):
-        group = []
-        for i, output in enumerate(outputs):
-            seq = Sequence(f"replay-{g}", prompt, SamplingParams(n=len(outputs), max_tokens=max(len(output), 1)), 0, i)
-            seq.token_ids += output[:1]
-            truth[seq.seq_id] = output
-            group.append(seq)
-        members.append(group)
-    group_of = {s.seq_id: group for group in members for s in group}
-    stats.plain_steps = max((len(o) - 1 for _, outputs in groups for o in outputs), default=0)
-    running = [s for group in members for s in group if s.num_output_tokens < len(truth[s.seq_id])]
-    while running:
+    """`groups`: (prompt token ids, the plain samples' output token ids) per request, run as one batch; `history`:
+    per request, earlier responses to its prompt (a later epoch drafts from them)."""
+    D, stats = config.num_speculative_tokens, ReplayStats()
+    rows = [(g, prompt, out) for g, (prompt, outputs) in enumerate(groups) for out in outputs if out]
+    past = [(g, groups[g][0] + r) for g, responses in enumerate(history or []) for r in responses if r]
+    N = len(rows)
+    if not N:
+        return stats
+    streams = [prompt + out for _, prompt, out in rows] + [t for _, t in past]
+    L = max(map(len, streams)) + D + 1
+    tokens_SL = torch.zeros(len(streams), L, dtype=torch.int64)
+    for s, t in enumerate(streams):
+        tokens_SL[s, : len(t)] = torch.tensor(t)
+    lengths_S = torch.tensor([len(p) + 1 for _, p, _ in rows] + [len(t) for _, t in past])
+    end_N = torch.tensor([len(p) + len(o) for _, p, o in rows])
+    group_S = [g for g, _, _ in rows] + [g for g, _ in past]
+    width = max(group_S.count(g) for g in set(group_S))
+    streams_NG = torch.full((N, width), -1)
+    for n in range(N):
+        mates = [n] + [s for s in range(len(streams)) if group_S[s] == group_S[n] and s != n]
+        streams_NG[n, : len(mates)] = torch.tensor(mates)
+    own_N = torch.arange(N)
+    stats.plain_steps = int((end_N - lengths_S[:N]).max())
+    while True:
+        live_N = lengths_S[:N] < end_N
+        if not live_N.any():
+            return stats
         stats.steps += 1
-        ids = [s.seq_id for s in running]
-        verify = False
-        if len(running) <= config.disable_by_batch_size and policy.may_verify(ids):
-            limits = [len(truth[s.seq_id]) - s.num_output_tokens - 1 for s in running]
-            wanted = [min(k, limit) for k, limit in zip(policy.draft_lengths(ids), limits, strict=True)]
-            drafts = drafter.propose(running, [group_of[s.seq_id] for s in running], wanted)
-            lengths = [min(len(d), k) for d, k in zip(drafts, wanted, strict=True)]
-            verify = policy.should_verify(ids, lengths)
-            policy.asked(verify)
-        if verify:
-            accepted = []
-            for seq, draft, k in zip(running, drafts, lengths, strict=True):
-                future = truth[seq.seq_id][seq.num_output_tokens :]
-                a = 0
-                while a < k and draft[a] == future[a]:
-                    a += 1
-                seq.token_ids += future[: a + 1]
-                accepted.append(a)
-            stats.verify_steps += 1
-            stats.verify_seqs += len(running)
-            stats.drafted += sum(lengths)
-            stats.accepted += sum(accepted)
-            stats.verify_tokens += sum(accepted) + len(running)
-            policy.verified(ids, lengths, accepted, wall_s=cost_ratio)
-        else:
-            for seq in running:
-                seq.token_ids.append(truth[seq.seq_id][seq.num_output_tokens])
-            if len(running) <= config.disable_by_batch_size:
-                stats.range_plain_steps += 1
-                policy.decoded(1, wall_s=1.0)
-        finished = [s for s in running if s.num_output_tokens >= len(truth[s.seq_id])]
-        if finished:
-            running = [s for s in running if s.num_output_tokens < len(truth[s.seq_id])]
-            for group in {id(group_of[s.seq_id]): group_of[s.seq_id] for s in finished}.values():
-                if all(s.num_output_tokens >= len(truth[s.seq_id]) for s in group):
-                    drafter.finished(group[0].request_id, group[0].prompt_token_ids, [truth[s.seq_id] for s in group])
-                    policy.forget([s.seq_id for s in group])
-    return stats
+        if int(live_N.sum()) > config.disable_by_batch_size:
+            lengths_S[:N] += live_N.long()
+            continue
+        drafts_ND, valid_ND = suffix_match_drafts(tokens_SL, lengths_S, own_N, streams_NG, D,
+                                                  config.prompt_lookup_max, config.prompt_lookup_min)  # fmt: skip
+        at_ND = lengths_S[:N, None] + torch.arange(D)
+        truth_ND = tokens_SL[own_N[:, None], at_ND.clamp(max=L - 1)]
+        agree_ND = (drafts_ND == truth_ND) & valid_ND & (at_ND < end_N[:, None])
+        accepted_N = torch.where(live_N, agree_ND.long().cumprod(dim=1).sum(dim=1), 0)
+        kept_N = torch.where(live_N, torch.minimum(accepted_N + 1, end_N - lengths_S[:N]), 0)
+        lengths_S[:N] += kept_N
+        stats.verify_steps += 1
+        stats.verify_seqs += int(live_N.sum())
+        stats.drafted += int((valid_ND & live_N[:, None]).sum())
+        stats.accepted += int(torch.minimum(accepted_N, kept_N - 1).clamp(min=0).sum())
+        stats.verify_tokens += int(kept_N.sum())

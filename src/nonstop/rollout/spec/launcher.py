@@ -1,0 +1,118 @@
+"""The model runner's side of speculative decoding: the draft streams, the staged inputs and the outputs of verify
+launches (K verify rounds chained on the device, rounds.py), and their launch, eager or as a CUDA graph.
+
+A verify launch is planned from a `ScheduledBatch` whose blocks the scheduler reserved (`Scheduler._reserve_rounds`),
+uploaded in one copy (plus the stream tokens the device lacks), run, and read back in one copy (`VerifyStep.read`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from nonstop.config.rollout import SpeculativeConfig
+from nonstop.models.transfer import host_to_device
+from nonstop.rollout.scheduled import ScheduledBatch
+from nonstop.rollout.sequence import Sequence
+from nonstop.rollout.spec.history import ResponseHistory
+from nonstop.rollout.spec.round_plan import RoundPlanner, VerifyStep
+from nonstop.rollout.spec.rounds import DeviceDrafter, out_width, suffix_drafter, verify_rounds
+from nonstop.rollout.spec.streams import DraftStreams
+from nonstop.rollout.step_plan import LaunchShape
+
+# Streams a row drafts from at the most: its own, its siblings' and its prompt's earlier responses (a group of n
+# samples with history has 2n - 1 besides its own).
+MAX_GROUP_STREAMS = 32
+SLOTS_PER_ROW = 4  # stream slots per verify row: its own, and room for finished siblings and history
+
+
+def verify_capacity(spec: SpeculativeConfig, max_num_seqs: int, graph_sizes: list[int] | None) -> int:
+    """Rows a verify launch can hold: none with speculation off; else the most sequences that draft
+    (`disable_by_batch_size`, within `max_num_seqs`), rounded up to the CUDA-graph bucket that holds them."""
+    if spec.method == "off":
+        return 0
+    rows = min(max_num_seqs, spec.disable_by_batch_size)
+    return min((s for s in graph_sizes or () if s >= rows), default=rows)
+
+
+class VerifyLauncher:
+    def __init__(self, runner, spec: SpeculativeConfig, max_rows: int, max_rounds: int):
+        self.runner = runner
+        self.num_query = 1 + spec.num_speculative_tokens
+        device, vocab = runner.device, runner.config.vocab_size
+        self.history = ResponseHistory(spec.suffix_decoding_max_cached_requests)
+        self.streams = DraftStreams(SLOTS_PER_ROW * max_rows, runner.max_model_len, device, self.history)
+        self.planner = RoundPlanner(runner.rows, self.streams, max_rows, self.num_query, MAX_GROUP_STREAMS,
+                                    runner.max_blocks_per_seq, runner.block_size, runner.scratch_block, vocab,
+                                    device)  # fmt: skip
+        self.drafter: DeviceDrafter = suffix_drafter(spec.prompt_lookup_max, spec.prompt_lookup_min)
+        T = max_rows * self.num_query
+        self.stop_mask_TV = torch.zeros(T, vocab, dtype=torch.bool, device=device)
+        size = max_rounds * out_width(max_rows, self.num_query)
+        self.out = torch.zeros(size, dtype=torch.float64, device=device)
+        pinned = device.type == "cuda"
+        self.host_out = torch.zeros(size, dtype=torch.float64, pin_memory=pinned)
+        self.copied = torch.cuda.Event() if pinned else None
+
+    @property
+    def graphs(self):
+        return self.planner.graphs
+
+    @graphs.setter
+    def graphs(self, graphs) -> None:
+        self.planner.graphs = graphs
+
+    def launch_batch(self, batch: ScheduledBatch, group_of: Callable[[Sequence], list[Sequence]]) -> VerifyStep:
+        """Plan, upload, run (replaying its CUDA graph, captured first if new) and queue the read-back of a verify
+        launch; nothing waits for the device."""
+        plan = self.planner.plan(batch, group_of, batch.num_rounds)
+        shape = plan.shape
+        graphs = self.graphs
+        if plan.use_graph and not graphs.has(shape):
+            graphs.capture(shape)  # before the upload: capturing overwrites the staged device rows
+        self.planner.fields.upload()
+        self.streams.upload()
+        self._stage_stop_mask(plan.banned, shape.num_rows)
+        if plan.use_graph:
+            graphs.replay(shape)
+        else:
+            self.launch(shape)
+        n = shape.num_steps * out_width(shape.num_rows // shape.num_query, shape.num_query)
+        host = self.host_out[:n]
+        host.copy_(self.out[:n], non_blocking=True)
+        if self.copied is not None:
+            self.copied.record(torch.cuda.current_stream(self.runner.device))
+        values = host.view(shape.num_steps, -1)
+        return VerifyStep(values, self.copied, plan.num_rows, shape.num_rows // shape.num_query, shape.num_query)
+
+    def _stage_stop_mask(self, banned: list[tuple[int, int]], num_slots: int) -> None:
+        if not banned:
+            return
+        V = self.stop_mask_TV.shape[1]
+        flat = host_to_device(torch.as_tensor(np.asarray([t * V + v for t, v in banned], dtype=np.int64)),
+                              self.runner.device)  # fmt: skip
+        mask = self.stop_mask_TV[:num_slots]
+        mask.zero_()
+        mask.view(-1).index_fill_(0, flat, True)  # a scalar fill: no synchronizing copy of a host True
+
+    def launch(self, shape: LaunchShape) -> None:
+        """The launch's device work on the staged inputs (what `DecodeGraphs` captures for its shape)."""
+        K, T, Q = shape.num_steps, shape.num_rows, shape.num_query
+        out = self.out[: K * out_width(T // Q, Q)].view(K, -1)
+        stop_mask = self.stop_mask_TV if shape.has_stop_mask else None
+        verify_rounds(self.runner, shape, self.planner.fields.dev, self.streams.tokens_SL, self.drafter, stop_mask, out)
+
+    def pad_for_capture(self, shape: LaunchShape) -> None:
+        """Every row of the shape a padding row, so a capture's warm-up and recording write only scratch."""
+        self.planner.pad(self.planner.fields.dev, 0, shape.num_rows // shape.num_query)
+
+    def kept(self, seqs: list[Sequence]) -> None:
+        self.streams.kept(seqs)
+
+    def finished(self, request_id: str, prompt_token_ids: list[int], outputs: list[list[int]] | None) -> None:
+        """A request is done: its streams' slots go back; its responses (None when aborted) are kept for its prompt."""
+        self.streams.release(request_id)
+        if outputs:
+            self.history.put(prompt_token_ids, outputs)

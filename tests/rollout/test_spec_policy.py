@@ -1,0 +1,93 @@
+"""The rule that decides when a verify launch pays (rollout/spec/policy.py), on hand-computed decisions."""
+
+import pytest
+
+from nonstop.config.rollout import SpeculativeConfig
+from nonstop.rollout.spec.policy import DECAY, MAX_PROBE_EVERY, PRIOR_GAIN, PROBE_EVERY, DraftPolicy
+
+
+def policy(rule="auto") -> DraftPolicy:
+    return DraftPolicy(SpeculativeConfig(method="suffix", draft_rule=rule))
+
+
+def test_always_verifies_every_launch():
+    p = policy("always")
+    assert all(p.may_verify() for _ in range(3))
+
+
+def test_two_plain_launches_come_first_then_a_verify_launch_to_measure_one():
+    """A plain step's time is learnt only from a plain launch read behind another: two plain launches run before
+    any verify launch; with no round timed yet, the next one verifies."""
+    p = policy()
+    assert not p.may_verify() and not p.may_verify()
+    p.decoded(num_steps=8, wall_s=8.0)
+    assert p.cost_ratio() is None and p.may_verify()
+
+
+def test_auto_verifies_while_the_kept_tokens_beat_the_measured_cost():
+    p = policy()
+    p.decoded(num_steps=8, wall_s=8.0)  # 1 s a plain step
+    for _ in range(20):
+        p.verified(tokens_per_round=2.0, round_s=1.5)
+    assert p.cost_ratio() == pytest.approx(1.5) and p.gain == pytest.approx(2.0, abs=1e-3)
+    assert p.may_verify()  # 2 tokens a round >= 1.5
+    for _ in range(20):
+        p.verified(tokens_per_round=1.2, round_s=1.5)
+    assert not p.may_verify()  # 1.2 < 1.5
+
+
+def test_a_launch_that_captured_a_graph_teaches_tokens_but_not_cost():
+    p = policy()
+    p.decoded(num_steps=8, wall_s=8.0)
+    p.verified(tokens_per_round=3.0, round_s=None)
+    assert p.cost_ratio() is None and p.gain == pytest.approx(PRIOR_GAIN + DECAY * (3.0 - PRIOR_GAIN))
+    p.verified(tokens_per_round=3.0, round_s=1.5)
+    assert p.cost_ratio() == pytest.approx(1.5)
+
+
+def run(p: DraftPolicy, launches: int, tokens: float, round_s: float) -> list[int]:
+    """The launches that verified, plain ones taking 1 s a step."""
+    verified_at = []
+    for i in range(launches):
+        if p.may_verify():
+            verified_at.append(i)
+            p.verified(tokens, round_s)
+        else:
+            p.decoded(num_steps=1, wall_s=1.0)
+    return verified_at
+
+
+def test_auto_probes_the_other_way_less_often_while_probes_do_not_pay():
+    """Where verifying never pays, a probe verifies after PROBE_EVERY plain launches, then after twice as many each
+    time, up to MAX_PROBE_EVERY; a probe that pays brings the interval back to PROBE_EVERY."""
+    p = policy()
+    p.plain_times.extend([1.0] * 4)
+    p.round_times.extend([3.0] * 4)
+    p.gain = 1.0  # verifying never pays: 1 < 3
+    at = run(p, 4000, tokens=1.0, round_s=3.0)
+    gaps = [b - a - 1 for a, b in zip([-1, *at[:-1]], at, strict=True)]  # plain launches before each probe
+    expected = [min(PROBE_EVERY << i, MAX_PROBE_EVERY) for i in range(len(gaps))]
+    assert gaps == expected and gaps[-1] == MAX_PROBE_EVERY and len(at) <= 4000 / PROBE_EVERY / 8
+    # Rounds get cheap and drafts good: the next probe pays, and the rule verifies on merit from then on.
+    p.round_times.extend([1.2] * 8)
+    at = run(p, MAX_PROBE_EVERY + 1, tokens=3.0, round_s=1.2)
+    assert p.probe_every == PROBE_EVERY and len(at) > MAX_PROBE_EVERY / 2
+
+
+def test_a_launch_that_verifies_on_merit_brings_the_probe_interval_back():
+    p = policy()
+    p.plain_times.extend([1.0] * 4)
+    p.round_times.extend([1.5] * 4)
+    p.probe_every, p.gain = MAX_PROBE_EVERY, 3.0  # backed off; 3 >= 1.5: verifying pays
+    assert p.may_verify() and not p.probing
+    p.verified(tokens_per_round=3.0, round_s=1.5)
+    assert p.probe_every == PROBE_EVERY
+
+
+def test_where_verifying_loses_the_rule_settles_on_plain_and_keeps_plain_times_current():
+    """1.3 tokens a round at 2 plain steps a round: after the first launches the rule runs plain, verifying only
+    in the backed-off probes."""
+    p = policy()
+    at = run(p, 2000, tokens=1.3, round_s=2.0)
+    assert p.cost_ratio() == pytest.approx(2.0) and at[0] == 2  # two plain launches, then a verify launch
+    assert len([i for i in at if i >= 100]) <= 1900 / PROBE_EVERY / 4
