@@ -53,7 +53,7 @@ class PartlyWrongDrafter:
             for n in found_N.nonzero().flatten().tolist():
                 start = int(len_N[n]) - int(self.prompt_T[t_N[n]])
                 self.drafts.append((start, drafts_ND[n][valid_ND[n]].tolist()))
-        return drafts_ND, valid_ND
+        return drafts_ND, valid_ND.sum(dim=1)
 
 
 def speculative_llm(model, drafter=None, num_speculative_tokens: int = 4, **engine_kwargs) -> LLM:

@@ -25,9 +25,9 @@ def draft(streams: list[list[int]], mates: list[int] = (), D: int = 4, max_match
         tokens_SL[s, : len(t)] = torch.tensor(t)
     lengths_S = torch.tensor([len(t) for t in streams])
     streams_NG = torch.tensor([[0, *mates]])
-    drafts_ND, valid_ND = suffix_match_drafts(tokens_SL, lengths_S, torch.tensor([0]), streams_NG, D, max_match,
-                                              min_match)  # fmt: skip
-    return drafts_ND[0][valid_ND[0]].tolist()
+    drafts_ND, draft_len_N = suffix_match_drafts(tokens_SL, lengths_S, torch.tensor([0]), streams_NG, D, max_match,
+                                                 min_match)  # fmt: skip
+    return drafts_ND[0][: draft_len_N[0]].tolist()
 
 
 def test_a_sibling_ahead_is_copied_from_the_longest_match():
@@ -101,12 +101,12 @@ def test_drafts_equal_a_plain_python_reference_on_random_streams(seed):
     own = list(range(4))
     mates = [[n] + rng.sample([s for s in range(S) if s != n], 3) + [-1] for n in own]
     tokens_SL = torch.tensor(streams, dtype=torch.int32)
-    drafts_ND, valid_ND = suffix_match_drafts(tokens_SL, torch.tensor(lengths), torch.tensor(own),
-                                              torch.tensor(mates), D, max_match, min_match)  # fmt: skip
+    drafts_ND, draft_len_N = suffix_match_drafts(tokens_SL, torch.tensor(lengths), torch.tensor(own),
+                                                 torch.tensor(mates), D, max_match, min_match)  # fmt: skip
     for n in own:
         expected = reference_draft(streams, lengths, n, mates[n], D, max_match, min_match)
-        assert drafts_ND[n][valid_ND[n]].tolist() == expected
-        assert (drafts_ND[n][~valid_ND[n]] == 0).all()
+        assert drafts_ND[n][: draft_len_N[n]].tolist() == expected
+        assert (drafts_ND[n][draft_len_N[n] :] == 0).all()
 
 
 def seq(request_id: str, output: list[int], sample_index: int = 0, prompt=P) -> Sequence:

@@ -18,7 +18,7 @@ from nonstop.rollout.scheduled import ScheduledBatch
 from nonstop.rollout.sequence import Sequence
 from nonstop.rollout.spec.history import ResponseHistory
 from nonstop.rollout.spec.round_plan import RoundPlanner, VerifyStep
-from nonstop.rollout.spec.rounds import DeviceDrafter, out_width, suffix_drafter, verify_rounds
+from nonstop.rollout.spec.rounds import DeviceDrafter, RoundBuffers, out_width, suffix_drafter, verify_rounds
 from nonstop.rollout.spec.streams import DraftStreams
 from nonstop.rollout.step_plan import LaunchShape
 
@@ -49,6 +49,7 @@ class VerifyLauncher:
                                     device)  # fmt: skip
         self.drafter: DeviceDrafter = suffix_drafter(spec.prompt_lookup_max, spec.prompt_lookup_min)
         T = max_rows * self.num_query
+        self.buffers = RoundBuffers(max_rows, self.num_query, device)
         self.stop_mask_TV = torch.zeros(T, vocab, dtype=torch.bool, device=device)
         size = max_rounds * out_width(max_rows, self.num_query)
         self.out = torch.zeros(size, dtype=torch.float64, device=device)
@@ -102,7 +103,8 @@ class VerifyLauncher:
         K, T, Q = shape.num_steps, shape.num_rows, shape.num_query
         out = self.out[: K * out_width(T // Q, Q)].view(K, -1)
         stop_mask = self.stop_mask_TV if shape.has_stop_mask else None
-        verify_rounds(self.runner, shape, self.planner.fields.dev, self.streams.tokens_SL, self.drafter, stop_mask, out)
+        verify_rounds(self.runner, shape, self.planner.fields.dev, self.buffers, self.streams.tokens_SL, self.drafter,
+                      stop_mask, out)  # fmt: skip
 
     def pad_for_capture(self, shape: LaunchShape) -> None:
         """Every row of the shape a padding row, so a capture's warm-up and recording write only scratch."""

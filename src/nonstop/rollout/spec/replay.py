@@ -83,8 +83,9 @@ def replay(
         if int(live_N.sum()) > config.disable_by_batch_size:
             lengths_S[:N] += live_N.long()
             continue
-        drafts_ND, valid_ND = suffix_match_drafts(tokens_SL, lengths_S, own_N, streams_NG, D,
-                                                  config.prompt_lookup_max, config.prompt_lookup_min)  # fmt: skip
+        drafts_ND, draft_len_N = suffix_match_drafts(tokens_SL, lengths_S, own_N, streams_NG, D,
+                                                     config.prompt_lookup_max, config.prompt_lookup_min)  # fmt: skip
+        valid_ND = torch.arange(D) < draft_len_N[:, None]
         at_ND = lengths_S[:N, None] + torch.arange(D)
         truth_ND = tokens_SL[own_N[:, None], at_ND.clamp(max=L - 1)]
         agree_ND = (drafts_ND == truth_ND) & valid_ND & (at_ND < end_N[:, None])

@@ -104,6 +104,8 @@ class RoundPlanner:
             banned += [(n * Q + j, v) for j in range(Q) for v in ids]
         sampled_N = temperature_N > 0
         window = min(max(MIN_WINDOW, 1 << (longest + num_rounds * Q - 1).bit_length()), self.streams.capacity)
+        if self.fields.device.type == "cuda":
+            window, G = 0, 0  # the CUDA drafter reads each stream's length and count: no graph per window
         shape = LaunchShape(NB * Q, num_rounds, 0, 0, bool(banned), not sampled_N.any(),
                             bool((sampled_N & (top_k_N > 0)).any()), bool((sampled_N & (top_p_N < 1)).any()), Q,
                             window, G)  # fmt: skip

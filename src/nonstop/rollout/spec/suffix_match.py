@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from nonstop.kernels.dispatch import use_fused_index_kernel
+
 _NONE = -1  # outside a stream: matches no token (token ids are >= 0)
 
 
@@ -28,9 +30,28 @@ def suffix_match_drafts(
     max_match: int,
     min_match: int,
 ) -> tuple[Tensor, Tensor]:
-    """Drafts [N, D] (int64, 0 where there is none) and their validity [N, D] (bool). Row n's own tokens are stream
-    `own_N[n]`, its known tokens the first `lengths_S[own_N[n]]`; `streams_NG[n]` lists the streams it drafts from
-    (its own among them)."""
+    """Drafts [N, D] (int64, 0 past each row's draft) and their lengths [N] (int64, 0..D). Row n's own tokens are
+    stream `own_N[n]`, its known tokens the first `lengths_S[own_N[n]]`; `streams_NG[n]` lists the streams it drafts
+    from (its own among them). CUDA inference takes the Triton kernel (kernels/suffix_match_triton.py), which reads
+    whole streams (their lengths bound the scan); the reference here scans `tokens_SL`'s width, which the caller may
+    cut to a window holding every stream's tokens, and the streams' columns it is given."""
+    if use_fused_index_kernel(tokens_SL):
+        from nonstop.kernels.suffix_match_triton import suffix_match_drafts_triton
+
+        return suffix_match_drafts_triton(tokens_SL, lengths_S, own_N, streams_NG, num_draft, max_match, min_match)
+    return suffix_match_drafts_reference(tokens_SL, lengths_S, own_N, streams_NG, num_draft, max_match, min_match)
+
+
+def suffix_match_drafts_reference(
+    tokens_SL: Tensor,
+    lengths_S: Tensor,
+    own_N: Tensor,
+    streams_NG: Tensor,
+    num_draft: int,
+    max_match: int,
+    min_match: int,
+) -> tuple[Tensor, Tensor]:
+    """`suffix_match_drafts` in tensor ops."""
     L = tokens_SL.shape[1]
     device = tokens_SL.device
     present_NG = streams_NG >= 0
@@ -60,6 +81,6 @@ def suffix_match_drafts(
     best_match_N = match_NGL[rows_N, g_N, p_N]
     j_D = torch.arange(num_draft, device=device)
     at_ND = p_N[:, None] + 1 + j_D
-    valid_ND = (at_ND < len_NG[rows_N, g_N][:, None]) & (best_match_N >= min_match)[:, None]
+    draft_len_N = torch.where(best_match_N >= min_match, follows_NGL[rows_N, g_N, p_N], 0)
     drafts_ND = streams_NGL[rows_N[:, None], g_N[:, None], at_ND.clamp(max=L - 1)]
-    return torch.where(valid_ND, drafts_ND, 0), valid_ND
+    return torch.where(j_D < draft_len_N[:, None], drafts_ND, 0), draft_len_N
