@@ -59,8 +59,9 @@ def main() -> None:
         total = sum(t for t, _ in kernels.values())
         result[side] = {"wall_s": wall, "steps": steps, "kernel_us": total,
                         "kernels": sorted(kernels.items(), key=lambda kv: -kv[1][0])[:30]}  # fmt: skip
+        count = sum(c for _, c in kernels.values())
         print(f"\n{side}: wall {wall * 1e3:.1f} ms, {steps} steps/rounds, {wall / steps * 1e6:.0f} us wall each, "
-              f"{total / steps:.0f} us kernel each, {sum(c for _, c in kernels.values()) / steps:.0f} kernels each")  # fmt: skip
+              f"{total / steps:.0f} us kernel each, {count / steps:.0f} kernels each")  # fmt: skip
         for name, (t, c) in result[side]["kernels"][:25]:
             print(f"  {t / steps:8.1f} us {c / steps:6.1f}x  {name}")
         del llm
