@@ -79,9 +79,9 @@ class RunProfiler:
     @contextmanager
     def step(self, step: int) -> Iterator[PhaseRecorder]:
         """The step's `step` span, with the profiler's own work around it timed as verl times it, outside
-        `timing_s/step`: `timing_s/start_profile` (starting a trace) and `timing_s/stop_profile` (the timeline row,
-        and on a traced step stopping, exporting and analysing the trace). Their sum with `timing_s/step` is the
-        step's wall time, which the console line prints."""
+        `timing_s/step`: `timing_s/start_profile` (starting a trace) and `timing_s/stop_profile` (closing the step's
+        books, its timeline row, and on a traced step stopping, exporting and analysing the trace). Their sum with
+        `timing_s/step` is the step's wall time, which the console line prints."""
         start = time.perf_counter()
         self.deep.begin(step)
         start_profile_s = time.perf_counter() - start
@@ -92,8 +92,8 @@ class RunProfiler:
             self.deep.abort()
             self.recorder.end_step()  # the failed step's spans must not land in the next step's books
             raise
-        record = self.last = self.recorder.end_step()
         stop_start = time.perf_counter()
+        record = self.last = self.recorder.end_step()
         self.num_steps += 1
         for span in record.spans:
             total = self.phase_totals.setdefault(span.phase, [0.0, 0])
