@@ -164,6 +164,26 @@ def engine(max_model_len: int, num_kv_blocks: int, then=None):
     return plant
 
 
+def paced_steps(step_s: float, then=None):
+    """Each engine step waits `step_s` before it computes, as a decode step on a GPU pays for reading the weights
+    whatever its batch (a CPU's step cost grows with the batch, so a tail of few sequences looks cheap there); a wait
+    also keeps its length when other tests load the machine's cores, where computing does not."""
+
+    def plant(trainer) -> None:
+        runner = trainer.llm.llm_engine.model_runner
+        launch = runner.launch
+
+        def paced(batch):
+            time.sleep(step_s)
+            return launch(batch)
+
+        runner.launch = paced
+        if then is not None:
+            then(trainer)
+
+    return plant
+
+
 def first_group_long(long: int, short: int):
     """Each step's first prompt gets `long` response tokens, the others `short`: a tail at one group a step. Set
     through the per-prompt hook (`Trainer.request_params`), which every sample source's requests go through."""
