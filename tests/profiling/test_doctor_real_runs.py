@@ -195,8 +195,8 @@ def test_long_tail_of_lengths_ranks_first(long_tail):
 
 def test_applying_the_carry_over_shrinks_the_long_tail(long_tail, tmp_path):
     """The carry-over on the same planted lengths: a step stops at its tail and the long group finishes in the next
-    step beside that step's short samples instead of alone. Its share falls by a quarter or more (to under half of
-    it in runs on a loaded 2-core machine, docs/dev-log.md)."""
+    step beside that step's short samples instead of alone. Its share falls by a quarter or more (the measured
+    falls are in docs/dev-log.md)."""
     _, plant, found = long_tail
     before = found[0]
     change = change_of(before, TAIL_ENABLE)
