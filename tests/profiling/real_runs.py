@@ -138,8 +138,11 @@ def long_prompts(extra: int):
 
 
 def use_engine(trainer, llm: LLM) -> None:
-    """`llm` in place of the engine `make_trainer` built, wherever the trainer's generation holds it."""
+    """`llm` in place of the engine `make_trainer` built, wherever the trainer's generation holds it (and the
+    carry-over's requests, `rollout.tail.enable`)."""
     trainer.llm = trainer.generation.llm = trainer.generation.kv.llm = llm
+    if hasattr(trainer.source, "pool"):
+        trainer.source.pool.llm = llm
 
 
 def engine(max_model_len: int, num_kv_blocks: int, then=None):
@@ -161,17 +164,38 @@ def engine(max_model_len: int, num_kv_blocks: int, then=None):
     return plant
 
 
-def one_long_group(long: int, short: int):
-    """The first prompt's samples run to `long` tokens, the others stop after `short`: a tail at one group."""
+def paced_steps(step_s: float, then=None):
+    """Each engine step waits `step_s` before it computes, as a decode step on a GPU pays for reading the weights
+    whatever its batch (a CPU's step cost grows with the batch, so a tail of few sequences looks cheap there); a wait
+    also keeps its length when other tests load the machine's cores, where computing does not."""
 
     def plant(trainer) -> None:
-        generate = trainer.llm.generate
+        runner = trainer.llm.llm_engine.model_runner
+        launch = runner.launch
 
-        def budgets(prompts, params, **kwargs):
-            params = [dataclasses.replace(p, max_tokens=long if i == 0 else short) for i, p in enumerate(params)]
-            return generate(prompts, params, **kwargs)
+        def paced(batch):
+            time.sleep(step_s)
+            return launch(batch)
 
-        trainer.llm.generate = budgets
+        runner.launch = paced
+        if then is not None:
+            then(trainer)
+
+    return plant
+
+
+def first_group_long(long: int, short: int):
+    """Each step's first prompt gets `long` response tokens, the others `short`: a tail at one group a step. Set
+    through the per-prompt hook (`Trainer.request_params`), which every sample source's requests go through."""
+
+    def plant(trainer) -> None:
+        batch_size = trainer.config.data.train_batch_size
+
+        def budget(prompt, params):
+            first = int(prompt.row.uid.removeprefix("p")) % batch_size == 0  # FixedPrompts numbers its prompts
+            return dataclasses.replace(params, max_tokens=long if first else short)
+
+        trainer.request_params = budget
 
     return plant
 

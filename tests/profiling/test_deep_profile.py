@@ -154,3 +154,45 @@ def test_start_records_the_host_the_doctor_reads(tmp_path):
     profiler.start(None)
     host = json.loads((tmp_path / "profile" / "host.json").read_text())
     assert host["device"] == "cpu" and host["cpu_cores"] == len(os.sched_getaffinity(0))
+
+
+def test_the_profilers_own_work_is_timed_beside_the_step_and_adds_up_to_its_wall_time(tmp_path):
+    """verl's split: `timing_s/step` is the step span; starting a trace and stopping, exporting and analysing it are
+    `timing_s/start_profile` and `timing_s/stop_profile`. A slow start, closing of the books and export (planted
+    sleeps) land there, and the three add up to the wall time around `profiler.step` (within a tolerance below each
+    planted sleep: a loaded machine may pause the untimed lines between them)."""
+    profiler = RunProfiler(tmp_path, torch.device("cpu"), tool="torch", steps=[2])
+    real_begin, real_end = profiler.deep.begin, profiler.deep.end
+
+    def slow_begin(step):
+        time.sleep(0.05 if profiler.deep.wants(step) else 0.0)
+        real_begin(step)
+
+    def slow_end(step, record):
+        time.sleep(0.1 if profiler.deep.wants(step) else 0.0)
+        return real_end(step, record)
+
+    real_end_step, traced = profiler.recorder.end_step, []
+
+    def slow_end_step():
+        time.sleep(0.03 if traced else 0.0)
+        return real_end_step()
+
+    profiler.deep.begin, profiler.deep.end, profiler.recorder.end_step = slow_begin, slow_end, slow_end_step
+    rows = {}
+    for step in (1, 2):
+        traced[:] = [step] if profiler.deep.wants(step) else []
+        start = time.perf_counter()
+        with profiler.step(step) as rec:
+            with rec("gen"):
+                work()
+        wall_s = time.perf_counter() - start
+        rows[step] = (wall_s, profiler.last.metrics)
+    for wall_s, m in rows.values():
+        total = m["timing_s/step"] + m["timing_s/start_profile"] + m["timing_s/stop_profile"]
+        assert total == pytest.approx(wall_s, abs=0.02)
+    wall_s, m = rows[2]
+    assert m["timing_s/start_profile"] >= 0.05 and m["timing_s/stop_profile"] >= 0.13
+    assert m["timing_s/step"] < wall_s - 0.18  # the step span itself holds none of it
+    assert rows[1][1]["timing_s/start_profile"] < 0.01 and rows[1][1]["timing_s/stop_profile"] < 0.05
+    profiler.close()

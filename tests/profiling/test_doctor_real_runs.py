@@ -8,9 +8,10 @@ from real_runs import (
     change_of,
     cheap_runs,
     engine,
+    first_group_long,
     long_prompts,
     measured,
-    one_long_group,
+    paced_steps,
     ranked,
     real_run,
     report,
@@ -161,22 +162,47 @@ def test_tiny_kv_budget_ranks_first_with_no_gpu_key_on_a_cpu(tmp_path):
     assert "fixed size on a CPU" in first["notes"][0]
 
 
-def test_long_tail_of_lengths_ranks_first(tmp_path):
-    # The first prompt's 4 samples run to 24 tokens, the other 28 stop after 2: a tail at 4 of 32 sequences.
-    overrides = (
-        "data.train_batch_size=8",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-        "actor_rollout_ref.rollout.n=4",
-        "data.max_response_length=24",
-    )
-    plant = engine(max_model_len=32, num_kv_blocks=256, then=one_long_group(long=24, short=2))
+# Each step's first prompt runs its 4 samples to 48 tokens, the other 28 samples stop after 24: a tail of 4 of 32
+# sequences for half of each step's engine steps, four steps long (the carry-over finishes everything on a run's last
+# step). Engine steps are paced (`paced_steps`), so the shares compared are not at the mercy of the shared cores.
+LONG_TAIL = (
+    "trainer.total_training_steps=4",
+    "data.train_batch_size=8",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+    "actor_rollout_ref.rollout.n=4",
+    "data.max_response_length=48",
+)
+TAIL_ENABLE = "actor_rollout_ref.rollout.tail.enable"
+
+
+@pytest.fixture(scope="module")
+def long_tail(tmp_path_factory):
+    plant = engine(max_model_len=56, num_kv_blocks=256, then=paced_steps(0.002, first_group_long(long=48, short=24)))
     with cheap_runs():
-        first = ranked(real_run(tmp_path / "run", overrides, plant=plant))[0]
+        run = real_run(tmp_path_factory.mktemp("long_tail") / "run", LONG_TAIL, plant=plant)
+    return run, plant, ranked(run)
+
+
+def test_long_tail_of_lengths_ranks_first(long_tail):
+    run, _, found = long_tail
+    first = found[0]
     assert first["cause"] == "generation_long_tail"
-    assert any("response_length/max 24" in e for e in first["evidence"])
-    assert measured(tmp_path / "run", "rollout/tail_frac") >= 0.5
+    assert any("response_length/max 48" in e for e in first["evidence"])
+    assert measured(run, "rollout/tail_frac") >= 0.25 * 4  # a quarter or more of each step's generation
     # Carrying the tail into the next step first (sync on one GPU), then the overlap mode.
-    assert [c["overrides"] for c in first["changes"][:2]] == [
-        {"actor_rollout_ref.rollout.tail.enable": True},
-        {"trainer.mode": "one_step_off"},
-    ]
+    assert [c["overrides"] for c in first["changes"][:2]] == [{TAIL_ENABLE: True}, {"trainer.mode": "one_step_off"}]
+
+
+def test_applying_the_carry_over_shrinks_the_long_tail(long_tail, tmp_path):
+    """The carry-over on the same planted lengths: a step stops at its tail and the long group finishes in the next
+    step beside that step's short samples instead of alone. Its share falls by a quarter or more (the measured
+    falls are in docs/dev-log.md)."""
+    _, plant, found = long_tail
+    before = found[0]
+    change = change_of(before, TAIL_ENABLE)
+    with cheap_runs():
+        after_run = real_run(tmp_path / "applied", applied(LONG_TAIL, change), plant=plant)
+    after = report(after_run)["generation_long_tail"]
+    assert measured(after_run, "tail/num_carried") > 0  # the tail was carried, not merely timed differently
+    assert "the tail is carried over already" in after["notes"][0]
+    assert after["share"] < 0.75 * before["share"], (before["share"], after["share"])

@@ -1,15 +1,17 @@
-"""Damaged checkpoints: a truncated file is named and a resume falls back to the checkpoint before it; a crafted DCP
-metadata file is refused without running anything; exported weights are readable by other users."""
+"""Damaged checkpoints: a truncated file is named and a resume (the trainer's own included) falls back to the
+checkpoint before it; a crafted DCP metadata file is refused without running anything; exported weights are readable
+by other users."""
 
 from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import stat
 
 import pytest
 import torch
-from trainer_helpers import tiny_model
+from trainer_helpers import comparable, make_trainer, tiny_model
 
 from nonstop.cli import main
 from nonstop.dist.checkpoint import (
@@ -116,6 +118,58 @@ def test_export_of_a_run_skips_a_damaged_latest_checkpoint(tmp_path, capsys):
     # Named when the damaged step is exported directly.
     assert main(["export", str(root / "global_step_4"), "--out", str(tmp_path / "o")]) == 2
     assert "model.safetensors: not a complete safetensors file" in capsys.readouterr().err
+
+
+RUN_OVERRIDES = ("trainer.total_training_steps=4", "trainer.save_freq=2")
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A 4-step run with checkpoints at steps 2 and 4, and its final weights: the uninterrupted reference."""
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    trainer = make_trainer(run_dir, RUN_OVERRIDES)
+    try:
+        trainer.fit()
+        weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    finally:
+        trainer.close()
+    return run_dir, weights
+
+
+@pytest.mark.parametrize("damaged", ["actor/model.safetensors", "optimizer.safetensors", "trainer_state.json"])
+def test_the_trainer_resumes_from_the_checkpoint_before_a_damaged_latest_one(
+    finished_run, tmp_path, damaged, trainer_factory, capsys
+):
+    """The same command run again after the latest checkpoint's file was truncated: a warning names the file, the run
+    goes on from step 2, and steps 3 and 4 come out as they did the first time (metrics and weights)."""
+    reference_dir, reference_weights = finished_run
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_dir, run_dir)
+    truncate(run_dir / "checkpoints/global_step_4" / damaged)
+    resumed = trainer_factory(RUN_OVERRIDES, run_dir=run_dir)
+    history = resumed.fit()
+    captured = capsys.readouterr()
+    assert str(run_dir / "checkpoints/global_step_4" / damaged) in captured.err
+    assert f"resuming from {run_dir / 'checkpoints/global_step_2'}" in captured.err
+    assert f"resumed from {run_dir / 'checkpoints/global_step_2'} (step 2)" in captured.out
+    assert [m["training/global_step"] for m in history] == [3.0, 4.0]
+    assert comparable(run_dir / "metrics.jsonl") == comparable(reference_dir / "metrics.jsonl")
+    for name, value in resumed.model.state_dict().items():
+        assert torch.equal(value, reference_weights[name]), name
+    ckpt.verify_checkpoint(run_dir / "checkpoints/global_step_4")  # saved again, whole
+
+
+def test_the_trainer_stops_when_no_checkpoint_loads_and_keeps_config_yaml(finished_run, tmp_path, trainer_factory):
+    reference_dir, _ = finished_run
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_dir, run_dir)
+    truncate(run_dir / "checkpoints/global_step_4/optimizer.safetensors")
+    truncate(run_dir / "checkpoints/global_step_2/trainer_state.json")
+    before = (run_dir / "config.yaml").read_text()
+    trainer = trainer_factory(("trainer.total_training_steps=6", "trainer.save_freq=2"), run_dir=run_dir)
+    with pytest.raises(CheckpointError, match="no checkpoint under .* can be resumed: global_step_4: .*global_step_2"):
+        trainer.fit()
+    assert (run_dir / "config.yaml").read_text() == before
 
 
 def test_saved_weights_have_an_ordinary_files_permissions(tmp_path):

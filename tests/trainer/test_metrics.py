@@ -65,3 +65,10 @@ def test_the_run_end_line_counts_the_files_rows_not_this_runs(tmp_path):
     assert metrics.count_rows(tmp_path) == 4
     assert run_summary(tmp_path, 4) == "4 metric lines"
     assert run_summary(tmp_path, 1) == "4 metric lines, 1 written by this run"  # resumed after step 3
+
+
+def test_the_console_prints_the_steps_wall_time_with_its_profiling():
+    step_only = {"timing_s/step": 1.0, "timing_s/start_profile": 0.001, "timing_s/stop_profile": 0.002}
+    assert metrics.console_line(3, step_only) == "step 3 | 1.00s"
+    profiled = {"timing_s/step": 1.0, "timing_s/start_profile": 0.25, "timing_s/stop_profile": 0.5}
+    assert metrics.console_line(3, profiled) == "step 3 | 1.75s (0.75s profiling)"

@@ -31,6 +31,8 @@ VERL_KEYS = (
     "timing_s/update_actor",
     "timing_s/update_weights",
     "timing_s/step",
+    "timing_s/start_profile",
+    "timing_s/stop_profile",
     "perf/throughput",
     "reward/num_scored",
 )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -77,7 +78,13 @@ class RunProfiler:
 
     @contextmanager
     def step(self, step: int) -> Iterator[PhaseRecorder]:
+        """The step's `step` span, with the profiler's own work around it timed as verl times it, outside
+        `timing_s/step`: `timing_s/start_profile` (starting a trace) and `timing_s/stop_profile` (closing the step's
+        books, its timeline row, and on a traced step stopping, exporting and analysing the trace). Their sum with
+        `timing_s/step` is the step's wall time, which the console line prints."""
+        start = time.perf_counter()
         self.deep.begin(step)
+        start_profile_s = time.perf_counter() - start
         try:
             with self.recorder(STEP):
                 yield self.recorder
@@ -85,6 +92,7 @@ class RunProfiler:
             self.deep.abort()
             self.recorder.end_step()  # the failed step's spans must not land in the next step's books
             raise
+        stop_start = time.perf_counter()
         record = self.last = self.recorder.end_step()
         self.num_steps += 1
         for span in record.spans:
@@ -95,6 +103,8 @@ class RunProfiler:
         append_timeline(self.profile_dir, step, record)
         if self.deep.end(step, record):
             self.write_summary()
+        record.metrics["timing_s/start_profile"] = start_profile_s
+        record.metrics["timing_s/stop_profile"] = time.perf_counter() - stop_start
 
     def summary(self) -> dict:
         return {

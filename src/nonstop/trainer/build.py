@@ -14,7 +14,7 @@ from nonstop.dist.fsdp import shard_model
 from nonstop.dist.placement import SplitPlacement, split_placement
 from nonstop.dist.process_group import use_train_group
 from nonstop.models.critic_model import CriticModel, load_critic_model
-from nonstop.models.loading import load_model
+from nonstop.models.loading import default_model_path, load_model
 from nonstop.models.lora import AdaptersOff, LoraConfig, apply_lora, has_lora, select_target_modules
 from nonstop.models.tokenizer import load_tokenizer
 from nonstop.rewards import RewardPool
@@ -115,7 +115,8 @@ def build_trainer(config: NonstopConfig, console: bool = True) -> Trainer | Roll
     if model_cfg.override_config:
         raise ValueError("actor_rollout_ref.model.override_config is not supported by the trainer yet")
     torch.manual_seed(0 if config.data.seed is None else config.data.seed)
-    say(f"loading the policy from {model_cfg.path} on {device}")
+    # null is the embedded default model: name its file (a missing package is load_model's error, with its hint)
+    say(f"loading the policy from {model_cfg.path or default_model_path()} on {device}")
     model, tokenizer = load_policy(config, torch_dtype(actor_cfg.fsdp_config.model_dtype), device)
     model.gradient_checkpointing = model_cfg.enable_gradient_checkpointing
     critic_model = None

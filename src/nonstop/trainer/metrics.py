@@ -117,7 +117,10 @@ def console_line(step: int, m: dict[str, float]) -> str:
         parts.append(f"pg_loss {m['actor/pg_loss']:+.4f}")
     parts += [f"{k} {v:.3f}" for k, v in m.items() if k.startswith("val/")]
     if "timing_s/step" in m:
-        parts.append(f"{m['timing_s/step']:.2f}s")
+        # The step's wall time: `timing_s/step` leaves out the profiler's own work, as verl's does.
+        profiling_s = m.get("timing_s/start_profile", 0.0) + m.get("timing_s/stop_profile", 0.0)
+        wall = f"{m['timing_s/step'] + profiling_s:.2f}s"
+        parts.append(f"{wall} ({profiling_s:.2f}s profiling)" if profiling_s >= 0.005 else wall)
     if "perf/throughput" in m:
         parts.append(f"{m['perf/throughput']:.0f} tok/s")
     return " | ".join(parts)

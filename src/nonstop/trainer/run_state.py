@@ -8,7 +8,14 @@ import gc
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nonstop.trainer.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint
+from nonstop.trainer.checkpoint import (
+    TrainingState,
+    latest_checkpoint,
+    load_checkpoint,
+    load_latest_checkpoint,
+    save_checkpoint,
+    warn_on_stderr,
+)
 from nonstop.trainer.metrics import finite_or_none
 from nonstop.trainer.sources.base import loader_state
 
@@ -52,20 +59,24 @@ def save_run(trainer: Trainer, step: int, metrics_row: dict[str, float] | None =
 
 def resume_run(trainer: Trainer) -> int | None:
     """Load the checkpoint `trainer.resume_mode` names and publish its weights; returns its step, or None when
-    starting fresh."""
+    starting fresh. `auto` takes the newest checkpoint that loads: one with a truncated or corrupt file is skipped
+    with a warning naming the file (`load_latest_checkpoint`), and the run goes on from the one before it; a
+    `resume_path` checkpoint is the user's choice, so a damaged one is an error."""
     trainer_cfg = trainer.config.trainer
     if trainer_cfg.resume_mode == "disable":
         return None
+    critic = None if trainer.critic is None else (trainer.critic.model, trainer.critic.optimizer)
     if trainer_cfg.resume_mode == "resume_path":
         path = Path(trainer_cfg.resume_from_path)
         if not (path / "trainer_state.json").is_file():
             raise ValueError(f"trainer.resume_from_path={str(path)!r} is not a checkpoint directory")
+        state = load_checkpoint(path, trainer.model, trainer.actor.optimizer, critic=critic)
     else:
-        path = latest_checkpoint(trainer.ckpt_root)
-        if path is None:
+        warn = warn_on_stderr if trainer.rank_zero else _silent  # every rank finds the same files damaged
+        found = load_latest_checkpoint(trainer.ckpt_root, trainer.model, trainer.actor.optimizer, critic, warn)
+        if found is None:
             return None
-    critic = None if trainer.critic is None else (trainer.critic.model, trainer.critic.optimizer)
-    state = load_checkpoint(path, trainer.model, trainer.actor.optimizer, critic=critic)
+        path, state = found
     trainer.actor.scheduler.load_state_dict(state.scheduler)
     if trainer.critic is not None:
         trainer.critic.scheduler.load_state_dict(state.extra["critic_scheduler"])
@@ -82,6 +93,10 @@ def resume_run(trainer: Trainer) -> int | None:
     if trainer.rank_zero:
         print(f"resumed from {path} (step {state.step})", flush=True)
     return state.step
+
+
+def _silent(message: str) -> None:
+    """Ranks other than 0 keep quiet: rank 0 prints the same warning."""
 
 
 def interrupted_line(trainer: Trainer, step: int) -> str:
