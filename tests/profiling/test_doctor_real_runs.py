@@ -175,7 +175,7 @@ def test_long_tail_of_lengths_ranks_first(tmp_path):
     assert first["cause"] == "generation_long_tail"
     assert any("response_length/max 24" in e for e in first["evidence"])
     assert measured(tmp_path / "run", "rollout/tail_frac") >= 0.5
-    # Carrying the tail into the next step first (sync on one GPU), then the overlap mode.
+    # Carrying the tail into the next step first, then the overlap mode.
     assert [c["overrides"] for c in first["changes"][:2]] == [
         {"actor_rollout_ref.rollout.tail.enable": True},
         {"trainer.mode": "one_step_off"},
