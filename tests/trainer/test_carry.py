@@ -73,6 +73,8 @@ def test_every_started_sample_is_trained_once_within_the_bound(trainer_factory, 
     for before, after in zip(history, history[1:], strict=False):
         assert after["tail/num_continued"] == before["tail/num_carried"]  # what a step pauses, the next continues
     assert history[-1]["tail/num_carried"] == 0  # the last step finishes everything
+    # Token-level IS is on by default: the carried tokens of older weights get weights other than 1.
+    assert any(m["rollout_corr/rollout_is_mean"] != 1.0 for m in history)
     if extra:  # carried groups packed prompt-grouped, in token-budget micro-batches
         grouping = [(m["actor/prefix_grouped"], m["actor/num_micro_batches"]) for m in history]
         assert all(grouped == 1.0 for grouped, _ in grouping) and max(mb for _, mb in grouping) > 1, grouping
