@@ -226,12 +226,17 @@ def test_long_tail_ranks_first_with_overlapped_modes(tmp_path):
     assert "8.40 s a step, 70% of generation, batch 10% full" in first.changes[0].why
     two = ranked(write_run(tmp_path / "two", {"trainer.n_gpus_per_node": 2}, metrics))[0]
     assert overrides(two)[:3] == [carry, one_step_off, {"trainer.mode": "async"}]
+    split_sync = {"trainer.placement": "split", "trainer.n_gpus_per_node": 2, "trainer.rollout_n_gpus": 1}
+    split_metrics = {**metrics, "rollouter/idle_ratio": 0.1, "trainer/idle_ratio": 0.5}
+    tail = next(
+        f for f in ranked(write_run(tmp_path / "ss", split_sync, split_metrics)) if f.cause == "generation_long_tail"
+    )
+    assert tail.status == "found" and carry not in overrides(tail)  # refused under split placement (checks.py)
     # Colocated one_step_off overlaps the tail with training: its cost is the wait's idle share, unmeasured here.
     colocated = diagnose(load_run(write_run(tmp_path / "b", {"trainer.mode": "one_step_off"}, metrics)))
     tail = next(f for f in colocated.findings if f.cause == "generation_long_tail")
     assert tail.status == "no_data" and tail.missing == ["perf/gpu_util/update_weights"]
     split = {"trainer.mode": "one_step_off", "trainer.placement": "split", "trainer.n_gpus_per_node": 2}
-    split_metrics = {**metrics, "rollouter/idle_ratio": 0.1, "trainer/idle_ratio": 0.5}
     tail = next(f for f in ranked(write_run(tmp_path / "s", split, split_metrics)) if f.cause == "generation_long_tail")
     assert overrides(tail) == [{"trainer.mode": "async"}]
     split_async = {**split, "trainer.mode": "async"}

@@ -116,7 +116,10 @@ def generation_long_tail(run: RunData) -> Finding:
             "rollout.tail.min_running_frac stops sooner; a higher rollout.tail.max_staleness carries further"
         )
     elif mode == "sync":
-        f.changes = [carry_over(tail_s, gen_s, fill, len(pairs)), ONE_STEP_OFF]
+        # The carry-over runs colocated only (trainer/checks.py refuses it under split placement).
+        colocated = run.cfg("trainer.placement") != "split"
+        f.changes = [carry_over(tail_s, gen_s, fill, len(pairs))] if colocated else []
+        f.changes.append(ONE_STEP_OFF)
         if run.num_gpus >= 2:  # async pays off with GPUs of its own; on a shared one it was no faster than sync
             f.changes.append(ASYNC)
         split = colocated_split_change(run, tail_s * (1 - fill))
