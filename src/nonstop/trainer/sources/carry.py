@@ -82,8 +82,7 @@ class CarrySource(SourceBase):
             for g in done:  # each finished group's scores collected once; a held-back group keeps them
                 if g.index not in self.held_scores:
                     self.held_scores[g.index] = self.scorer.collect(group_batch(g), group_prefix(g.index))[0].tolist()
-            scores = [x for g in groups for x in self.held_scores.pop(g.index)]
-            groups, scores = gather_trained(groups, scores)
+            groups, scores = gather_trained([(g, self.held_scores.pop(g.index)) for g in groups])
             batch = carried_batch(groups, generation.sampling.train.max_tokens)
             rewards_B = torch.tensor(scores, dtype=torch.float32) + self.scorer.shaping(batch)
         metrics.update(staleness_metrics(batch, version, self.tail.max_staleness, prefix="tail/staleness"))

@@ -6,7 +6,8 @@ is decided together:
   staleness bound, the batch-size rule and the tail of the decode batch are the global batch's;
 - equal shares: every rank trains the same number of whole groups, so the finished groups trained are a multiple of
   the ranks. The remainder (at most one fewer than the ranks) is held back: the youngest finished groups by admission
-  (never by length), none at its staleness bound, trained first in the next step;
+  (never by length), none at its staleness bound, trained in a later step (the next one under the default
+  `max_staleness=1`, where it is then due; with a larger bound at the latest when it reaches it);
 - the batch: every rank's trained groups are gathered in admission order and the step loop keeps each rank's
   token-balanced share of whole groups (`StepSamples.every_rank`);
 - checkpoints: the paused and held-back groups of every rank, one entry per rank (`rank_state` deals them out
@@ -63,13 +64,10 @@ def held_back(done: list[Group], due: set[int], world_size: int) -> set[int]:
     return set(may_wait[len(may_wait) - count :])
 
 
-def gather_trained(groups: list[Group], scores: list[float]) -> tuple[list[Group], list[float]]:
-    """Every rank's trained groups and their samples' scores, in admission order."""
-    n = [len(g.token_ids) for g in groups]
-    per_group = [scores[sum(n[:k]) : sum(n[: k + 1])] for k in range(len(groups))]
-    pairs = [pair for part in all_gather_objects(list(zip(groups, per_group, strict=True))) for pair in part]
-    pairs.sort(key=lambda pair: pair[0].index)
-    return [g for g, _ in pairs], [x for _, s in pairs for x in s]
+def gather_trained(trained: list[tuple[Group, list[float]]]) -> tuple[list[Group], list[float]]:
+    """Every rank's trained groups, each with its samples' scores: the groups in admission order, the scores flat."""
+    pairs = sorted((pair for part in all_gather_objects(trained) for pair in part), key=lambda pair: pair[0].index)
+    return [g for g, _ in pairs], [x for _, scores in pairs for x in scores]
 
 
 def rank_state(saved: list[dict[str, Any]], dist: DistInfo) -> dict[str, Any]:
