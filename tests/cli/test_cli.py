@@ -84,6 +84,17 @@ def test_config_show_prints_a_note_per_dropped_verl_key(capsys):
     ]
 
 
+def test_config_show_says_once_that_the_carry_over_turned_token_level_is_on(capsys):
+    assert main(["config", "show", "actor_rollout_ref.rollout.tail.enable=True"]) == 0
+    out, err = capsys.readouterr()
+    assert "rollout_is: token" in out
+    assert err.splitlines() == [
+        "note: algorithm.rollout_correction.rollout_is=token (default with actor_rollout_ref.rollout.tail.enable=True"
+        "): carried responses mix tokens of several policy versions, corrected by token-level truncated importance "
+        "sampling; algorithm.rollout_correction.rollout_is=null turns it off"
+    ]
+
+
 def test_hydra_delete_is_an_override_not_a_file(capsys):
     assert main(["config", "show", "~trainer.logger", "trainer.test_freq=3"]) == 0
     assert "test_freq: 3" in capsys.readouterr().out

@@ -175,3 +175,35 @@ def test_interpolation():
         load_config(
             None, ["trainer.project_name=${trainer.experiment_name}", "trainer.experiment_name=${trainer.project_name}"]
         )
+
+
+TAIL = "actor_rollout_ref.rollout.tail.enable=True"
+IS_KEY = "algorithm.rollout_correction.rollout_is"
+
+
+@pytest.mark.parametrize(
+    "overrides, expected, line",
+    [
+        ((TAIL,), "token", f"note: {IS_KEY}=token (default with {TAIL})"),
+        ((TAIL, "trainer.mode=one_step_off"), "token", f"note: {IS_KEY}=token (default with {TAIL})"),
+        ((TAIL, f"{IS_KEY}=null"), None, f"warning: {IS_KEY}=null with {TAIL}"),
+        ((TAIL, f"{IS_KEY}=sequence"), "sequence", None),
+        ((TAIL, "actor_rollout_ref.rollout.tail.max_staleness=0"), None, None),  # sync that never carries
+        ((), None, None),
+    ],
+    ids=["unset", "one-step-off", "disabled", "sequence", "never-carries", "no-tail"],
+)
+def test_the_carry_over_turns_token_level_is_on_unless_the_key_is_set(overrides, expected, line):
+    notes = []
+    config = load_config(None, overrides, notes)
+    assert config.algorithm.rollout_correction.rollout_is == expected
+    assert [str(n)[: len(line)] for n in notes] == ([] if line is None else [line])
+
+
+def test_a_file_that_disables_token_level_is_under_the_carry_over_is_warned(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("algorithm:\n  rollout_correction:\n    rollout_is: null\n")
+    notes = []
+    config = load_config(str(path), [TAIL], notes)
+    assert config.algorithm.rollout_correction.rollout_is is None
+    assert len(notes) == 1 and str(notes[0]).startswith(f"warning: {IS_KEY}=null")

@@ -189,7 +189,7 @@ def test_long_tail_of_lengths_ranks_first(long_tail):
     assert first["cause"] == "generation_long_tail"
     assert any("response_length/max 48" in e for e in first["evidence"])
     assert measured(run, "rollout/tail_frac") >= 0.25 * 4  # a quarter or more of each step's generation
-    # Carrying the tail into the next step first (sync on one GPU), then the overlap mode.
+    # Carrying the tail into the next step first (colocated sync), then the overlap mode.
     assert [c["overrides"] for c in first["changes"][:2]] == [{TAIL_ENABLE: True}, {"trainer.mode": "one_step_off"}]
 
 

@@ -73,6 +73,8 @@ def test_every_started_sample_is_trained_once_within_the_bound(trainer_factory, 
     for before, after in zip(history, history[1:], strict=False):
         assert after["tail/num_continued"] == before["tail/num_carried"]  # what a step pauses, the next continues
     assert history[-1]["tail/num_carried"] == 0  # the last step finishes everything
+    # Token-level IS is on by default: the carried tokens of older weights get weights other than 1.
+    assert any(m["rollout_corr/rollout_is_mean"] != 1.0 for m in history)
     if extra:  # carried groups packed prompt-grouped, in token-budget micro-batches
         grouping = [(m["actor/prefix_grouped"], m["actor/num_micro_batches"]) for m in history]
         assert all(grouped == 1.0 for grouped, _ in grouping) and max(mb for _, mb in grouping) > 1, grouping
@@ -169,11 +171,14 @@ def test_one_step_off_update_waits_for_the_tail_only():
     assert rollouter.num_carried == 6 and rollouter.version == 1
     cut = [len(t) for t in rollouter.groups[2].token_ids]  # what the pause recorded, from version 0
     assert all(0 < c < 12 for c in cut)
+    carried_tokens = sum(len(t) for g in (2, 3) for t in rollouter.groups[g].token_ids)
     drive(rollouter)
     for g in (2, 3):
         assert all(len(v) == 12 for v in rollouter.groups[g].versions)
     assert rollouter.groups[2].versions == [[0] * c + [1] * (12 - c) for c in cut]
-    assert rollouter.pop_metrics()["tail/num_carried"] == 6
+    metrics = rollouter.pop_metrics()
+    assert metrics["tail/num_carried"] == 6 and metrics["tail/carried_tokens"] == carried_tokens
+    assert metrics["tail/stopped_early"] == 1.0 and 0 < metrics["tail/batch_fill/mean"] < 1
 
 
 def test_one_step_off_with_the_tail_trains_every_sample_once_within_1(trainer_factory):
@@ -189,3 +194,67 @@ def test_one_step_off_with_the_tail_trains_every_sample_once_within_1(trainer_fa
             assert len(s.token_policy_versions) == len(s.response_token_ids)
             assert step - min(s.token_policy_versions) <= 1 and max(s.token_policy_versions) <= step
     assert all("tail/num_carried" in m for m in history)
+
+
+ONE_STEP_OFF_TAIL = (*CARRY, "trainer.mode=one_step_off", "trainer.total_training_steps=8", "trainer.save_freq=3")
+
+
+def gate_generation(monkeypatch) -> None:
+    """Make one_step_off carry, deterministically: the rollouter steps its engine while a block the trainer takes next
+    is unfinished, then waits for the next weight update (on CPU the tiny model would otherwise finish the next block
+    while the trainer trains, and leave the update nothing to carry)."""
+    next_move = Rollouter._next_move
+
+    def allowed(self) -> bool:
+        taken_next = range((self.version + 1) * self.batch_size)  # blocks up to `version`: the trainer waits for them
+        return self.draining or any(not self.groups[g].done for g in taken_next if g in self.groups)
+
+    def gated_next_move(self) -> bool:
+        while next_move(self):
+            with self.cond:
+                ready = lambda: allowed(self) or self.pause_requests or self.stopping  # noqa: E731
+                assert self.cond.wait_for(ready, timeout=60), "the rollouter waited for an update that never came"
+                if allowed(self):
+                    return True
+        return False
+
+    monkeypatch.setattr(Rollouter, "_next_move", gated_next_move)
+
+
+def test_one_step_off_with_the_tail_resumes_from_a_checkpoint_taken_mid_carry(trainer_factory, tmp_path, monkeypatch):
+    """A one_step_off checkpoint holds the loader's position after its step's block, not the rollouter's in-flight
+    sequences: the resumed run generates the next blocks again from their prompts (same seeds), so every prompt is
+    trained once, within staleness 1, carried or not when the checkpoint was taken."""
+    gate_generation(monkeypatch)
+    crashed = long_tailed(trainer_factory(ONE_STEP_OFF_TAIL, run_dir=tmp_path / "run"))
+    real_step = crashed.step
+
+    def crash_at_7(step):
+        if step == 7:
+            raise RuntimeError("simulated crash")
+        return real_step(step)
+
+    monkeypatch.setattr(crashed, "step", crash_at_7)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        crashed.fit()
+    assert crashed.source.rollouter.num_carried > 0  # the update of step 6, checkpointed, paused sequences
+    crashed.close()
+    resumed = long_tailed(trainer_factory(ONE_STEP_OFF_TAIL, run_dir=tmp_path / "run"))
+    batches = _record_batches(resumed)
+    history = resumed.fit()
+    assert [b.uids for b in batches] == [
+        [f"p{step * BATCH + i}" for i in range(BATCH) for _ in range(N)] for step in (6, 7)
+    ]
+    for step, batch in zip((6, 7), batches, strict=True):
+        assert all(
+            step - min(s.token_policy_versions) <= 1 and max(s.token_policy_versions) <= step for s in batch.samples
+        )
+    rows = comparable(tmp_path / "run/metrics.jsonl")
+    assert [m["training/global_step"] for m in history] == [7.0, 8.0]
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    for row in rows:  # sync's carry-over metrics, where they make sense under one_step_off
+        assert row["tail/stopped_early"] == float(row["tail/num_carried"] > 0)
+        assert (row["tail/carried_tokens"] > 0) == (row["tail/num_carried"] > 0)
+        assert 0 < row["tail/batch_fill/mean"] <= 1 and row["tail/staleness/max"] <= 1
+        assert row["tail/staleness/frac_0"] + row["tail/staleness/frac_1"] == pytest.approx(1.0)
+    assert sum(r["tail/num_carried"] for r in rows) > 0

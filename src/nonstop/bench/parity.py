@@ -9,10 +9,10 @@ against samples, and the mean trained response length per step). The printed tab
 reward over its last `--last` steps beside sync's. A run may be labelled, `LABEL=MODE` in `--modes`, to compare a
 variant of a mode (its keys through `--mode-override LABEL ...`), e.g. sync with the carry-over of the long tail:
 
-    nonstop bench parity --modes sync,carry=sync --mode-override carry actor_rollout_ref.rollout.tail.enable=True \
-        algorithm.rollout_correction.rollout_is=token
+    nonstop bench parity --modes sync,carry=sync --mode-override carry actor_rollout_ref.rollout.tail.enable=True
 
-Samples trained count each step's batch; a carry-over step trains the groups that finished (`tail/num_groups`).
+(the carry-over turns `algorithm.rollout_correction.rollout_is=token` on unless it is set). Samples trained count
+each step's batch; a carry-over step trains the groups that finished (`tail/num_groups`).
 
     nonstop bench parity --steps 20 --mode-override async async_training.max_staleness=2 \\
         algorithm.rollout_correction.rollout_is=token

@@ -31,7 +31,8 @@ def split_config_args(items: list[str]) -> tuple[str | None, list[str]]:
 
 
 def print_dropped(dropped) -> None:
-    """One line per verl key accepted without effect, saying what nonstop does instead."""
+    """One line per verl key accepted without effect, saying what nonstop does instead, and per default chosen from
+    other keys (or warning about a value that disables one), to stderr."""
     for note in dropped:
         print(note, file=sys.stderr)
 

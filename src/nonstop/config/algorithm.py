@@ -47,7 +47,9 @@ class KLCtrlConfig:
 @dataclass
 class RolloutCorrectionConfig:
     rollout_is: str | None = option(
-        None, "Importance-sampling correction against rollout log-probs: token, sequence or null (off)"
+        None,
+        "Importance-sampling correction against rollout log-probs: token, sequence or null (off). Left unset with "
+        "actor_rollout_ref.rollout.tail.enable (responses carried across a weight update): token",
     )
     rollout_is_threshold: float = option(2.0, "Upper truncation of the importance weight")
 

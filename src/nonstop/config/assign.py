@@ -57,6 +57,17 @@ class Dropped:
         return f"note: {self.key}={show(self.value)} is not used by nonstop: {self.instead}"
 
 
+@dataclass(frozen=True)
+class ConfigNote:
+    """A default the loader chose from other keys, or a warning about a value that disables one; `nonstop train`
+    prints it with the dropped keys' notes."""
+
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
 def parse_override(item: str) -> Override:
     """`a.b=value` sets `a.b` to the value read as YAML (scalar or flow list); Hydra's `+a.b=` and `++a.b=` mean the
     same. Hydra's `~a.b` deletes the key, which here puts it back to its default (verl's, for a key verl has);

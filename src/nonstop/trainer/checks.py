@@ -69,8 +69,6 @@ def check_data_parallel(config: NonstopConfig, info: DistInfo) -> None:
         raise ValueError("algorithm.filter_groups runs on one rank only so far")
     if config.actor_rollout_ref.model.lora_rank > 0:
         raise ValueError("LoRA (actor_rollout_ref.model.lora_rank > 0) runs on one rank only so far")
-    if config.actor_rollout_ref.rollout.tail.enable:
-        raise ValueError("actor_rollout_ref.rollout.tail.enable=True runs on one rank only so far")
     check_prompt_counts(config, info.world_size, "ranks")
 
 

@@ -116,8 +116,9 @@ def generation_long_tail(run: RunData) -> Finding:
             "rollout.tail.min_running_frac stops sooner; a higher rollout.tail.max_staleness carries further"
         )
     elif mode == "sync":
-        # The carry-over runs on one rank so far (trainer/checks.py).
-        f.changes = [carry_over(tail_s, gen_s, fill, len(pairs))] if run.num_gpus == 1 else []
+        # The carry-over runs colocated only (trainer/checks.py refuses it under split placement).
+        colocated = run.cfg("trainer.placement") != "split"
+        f.changes = [carry_over(tail_s, gen_s, fill, len(pairs))] if colocated else []
         f.changes.append(ONE_STEP_OFF)
         if run.num_gpus >= 2:  # async pays off with GPUs of its own; on a shared one it was no faster than sync
             f.changes.append(ASYNC)

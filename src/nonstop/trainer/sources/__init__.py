@@ -41,6 +41,6 @@ def make_source(
     assert generation is not None, "colocated placement generates on this rank's engine"
     if config.trainer.mode == "sync":
         if config.actor_rollout_ref.rollout.tail.enable:
-            return CarrySource(config, generation, train_loader, total_steps)
+            return CarrySource(config, generation, train_loader, total_steps, dist)
         return ColocatedSource(config, generation, train_loader, dist)
     return OverlappedSource(config, generation, train_loader, total_steps)

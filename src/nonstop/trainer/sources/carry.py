@@ -8,8 +8,9 @@ step. The step trains every group whose n samples have all finished, in admissio
 Never drop, never bias: a group admitted `tail.max_staleness` versions ago is finished before the step may stop, so
 no trained sample is older than the bound; the last step finishes everything, so every started sample is trained
 exactly once. Tokens of older versions are corrected against their recorded log-probs by the update's token-level
-importance sampling (`algorithm.rollout_correction`). The paused groups are part of the checkpoint. APRIL (slime)
-and verl's partial rollouts are the published forms; docs/modes.md says when it pays.
+importance sampling (`algorithm.rollout_correction`). The paused groups are part of the checkpoint. On several ranks
+the stop, the shares and the checkpoint are decided over all of them (carry_ranks.py). APRIL (slime) and verl's
+partial rollouts are the published forms; docs/modes.md says when it pays.
 """
 
 from __future__ import annotations
@@ -22,11 +23,15 @@ from typing import Any
 import torch
 
 from nonstop.batching.batch import RolloutBatch, Sample
+from nonstop.batching.rank_shares import rank_share
 from nonstop.config import NonstopConfig
+from nonstop.dist import DistInfo
+from nonstop.dist.collectives import all_gather_objects
 from nonstop.profiling import PhaseRecorder
 from nonstop.trainer.scores import group_prefix
 from nonstop.trainer.sources.base import SourceBase, StepSamples, loader_state
 from nonstop.trainer.sources.batch_fill import BatchFill
+from nonstop.trainer.sources.carry_ranks import Phase, gather_trained, held_back, may_stop, rank_state
 from nonstop.trainer.sources.generation import EngineGeneration, copy_to_engine
 from nonstop.trainer.sources.groups import Group, GroupRequests
 from nonstop.trainer.sources.overlap import group_samples, staleness_metrics
@@ -39,16 +44,19 @@ class CarrySource(SourceBase):
     publishes_every_step = False
     old_log_prob_from_rollout = False
 
-    def __init__(self, config: NonstopConfig, generation: EngineGeneration, train_loader: Any, total_steps: int):
+    def __init__(
+        self, config: NonstopConfig, generation: EngineGeneration, train_loader: Any, total_steps: int, dist: DistInfo
+    ):
         self.config, self.generation, self.train_loader = config, generation, train_loader
-        self.total_steps = total_steps
+        self.total_steps, self.dist = total_steps, dist
         self.tail = config.actor_rollout_ref.rollout.tail
         self.scorer = generation.scorer
         self.pool = GroupRequests(generation.llm, self._score)
-        self.next_group = 0  # admission counter over the run
+        self.next_group = 0  # admission counter over the run, over all ranks
         # The last stop's price of a skipped tail step, and the carried sequences whose finishing steps it prices.
         self.tail_step_s = 0.0
         self.carried: set[tuple[int, int]] = set()
+        self.held_scores: dict[int, list[float]] = {}  # finished groups held back for equal shares: their scores
 
     def _score(self, group: Group) -> None:
         self.scorer.submit(group_prefix(group.index), 0, group_samples(group))
@@ -56,7 +64,7 @@ class CarrySource(SourceBase):
     def next_batch(self, step: int, rec: PhaseRecorder) -> StepSamples:
         generation, version = self.generation, step - 1
         with rec("data"):
-            prompts = self.train_loader.next_batch()
+            first, prompts = rank_share(self.train_loader.next_batch(), self.dist)
         self.remember_probe([p.prompt_token_ids for p in prompts])
         metrics: dict[str, float] = {}
         with rec("gen") as span:
@@ -64,45 +72,59 @@ class CarrySource(SourceBase):
                 if self.probe_prompts and not generation.shares_weights:
                     metrics["actor/sync_logprob_diff"] = generation.probe(self.probe_prompts, step)
                 self.pool.version = version
-                metrics.update(self._generate(step, prompts))
-            groups = [self.pool.groups.pop(g) for g in sorted(self.pool.groups) if self.pool.groups[g].done]
+                gen_metrics, due = self._generate(step, prompts, first)
+                metrics.update(gen_metrics)
+            done = [g for _, g in sorted(self.pool.groups.items()) if g.done]
+            held = held_back(done, due, self.dist.world_size)
+            groups = [self.pool.groups.pop(g.index) for g in done if g.index not in held]
+            span.tokens = sum(sum(len(g.prompt.prompt_token_ids) + len(t) for t in g.token_ids) for g in groups)
+        with rec("reward"):
+            for g in done:  # each finished group's scores collected once; a held-back group keeps them
+                if g.index not in self.held_scores:
+                    self.held_scores[g.index] = self.scorer.collect(group_batch(g), group_prefix(g.index))[0].tolist()
+            groups, scores = gather_trained([(g, self.held_scores.pop(g.index)) for g in groups])
             batch = carried_batch(groups, generation.sampling.train.max_tokens)
-            span.tokens = sum(batch.total_lengths)
+            rewards_B = torch.tensor(scores, dtype=torch.float32) + self.scorer.shaping(batch)
         metrics.update(staleness_metrics(batch, version, self.tail.max_staleness, prefix="tail/staleness"))
         metrics["tail/num_groups"] = float(len(groups))
-        with rec("reward"):
-            scores_B = torch.cat([self.scorer.collect(group_batch(g), group_prefix(g.index))[0] for g in groups])
-            rewards_B = scores_B + self.scorer.shaping(batch)
-        return StepSamples(batch, rewards_B, {**metrics, **self.scorer.shaping_metrics(batch)})
+        metrics["tail/num_held_back"] = float(len(held))
+        metrics.update(self.scorer.shaping_metrics(batch))
+        return StepSamples(batch, rewards_B, metrics, every_rank=True)
 
-    def _generate(self, step: int, prompts: list) -> dict[str, float]:
-        """Continue the carried sequences, admit `prompts`, step the engine until the stop rule holds, pause the
-        rest; the phase's `rollout/*` and `tail/*` metrics."""
-        pool, llm, version = self.pool, self.generation.llm, step - 1
+    def _generate(self, step: int, prompts: list, first: int) -> tuple[dict[str, float], set[int]]:
+        """Continue the carried sequences, admit `prompts` (this rank's share, from prompt `first` of the step on),
+        step the engine until the stop rule holds over all ranks, pause the rest; the phase's `rollout/*` and
+        `tail/*` metrics and the groups at their staleness bound."""
+        pool, llm, version, world = self.pool, self.generation.llm, step - 1, self.dist.world_size
         continued = len(pool.to_continue)
         pool.continue_all()  # first: the engine queues in arrival order, oldest group first
-        seeded = self.generation.sampling.seeded(list(prompts), self.generation.sampling.train, step)
-        for prompt, params in zip(prompts, seeded, strict=True):
-            pool.admit(Group.new(self.next_group, prompt, params, version))
-            self.next_group += 1
+        seeded = self.generation.sampling.seeded(list(prompts), self.generation.sampling.train, step, first)
+        for i, (prompt, params) in enumerate(zip(prompts, seeded, strict=True)):
+            pool.admit(Group.new(self.next_group + first + i, prompt, params, version))
+        self.next_group += len(prompts) * world
         # Groups at the staleness bound must finish now; the last step finishes everything.
         last = step == self.total_steps
-        due = [g for g in pool.groups.values() if last or version - g.admitted_version >= self.tail.max_staleness]
-        fill = BatchFill(llm.max_num_seqs, self.tail.min_running_frac)
-        fill.observe(pool.num_in_engine())
+        due = {
+            g for g, group in pool.groups.items() if last or version - group.admitted_version >= self.tail.max_staleness
+        }
+        fill = BatchFill(llm.max_num_seqs * world, self.tail.min_running_frac)
         window = llm.stats_window()
         step_times: list[float] = []
         carried_steps = 0  # engine steps until the sequences the last stop carried had all finished
         try:
-            while llm.has_unfinished_requests() and not self._may_stop(due, fill, len(prompts)):
+            while True:
+                phase = self._phase(due).summed(self.generation.actor.device)
+                fill.observe(phase.running)
+                if not phase.unfinished or may_stop(phase, fill.in_tail, len(prompts) * world, world):
+                    break
+                carried_steps += bool(phase.carried)
+                if not llm.has_unfinished_requests():
+                    continue  # this rank is done; the others still generate
                 start = time.perf_counter()
                 for output in llm.step():
                     pool.record(output)
                 step_times.append(time.perf_counter() - start)
-                fill.observe(pool.num_in_engine())
-                if self.carried:
-                    carried_steps += 1
-                    self.carried = {(g, i) for g, i in self.carried if pool.groups[g].finish_reasons[i] is None}
+                self.carried = {(g, i) for g, i in self.carried if pool.groups[g].finish_reasons[i] is None}
             metrics = window.pop()
         except BaseException:
             llm.abort(list(pool.requests))  # the engine left empty for the KV release; the run fails with this error
@@ -115,24 +137,30 @@ class CarrySource(SourceBase):
         self.carried = set(paused)
         recent = step_times[-TAIL_STEPS_TIMED:]
         self.tail_step_s = sum(recent) / len(recent) if recent else 0.0
+        tokens = sum(len(pool.groups[g].token_ids[i]) for g, i in paused)
+        totals = [sum(c) for c in zip(*all_gather_objects((continued, len(paused), tokens)), strict=True)]
         metrics.update(
             {
-                "tail/num_continued": float(continued),
-                "tail/num_carried": float(len(paused)),
-                "tail/carried_tokens": float(sum(len(pool.groups[g].token_ids[i]) for g, i in paused)),
+                "tail/num_continued": float(totals[0]),
+                "tail/num_carried": float(totals[1]),
+                "tail/carried_tokens": float(totals[2]),
                 "tail/batch_fill/mean": fill.mean,
-                "tail/stopped_early": float(bool(paused)),
+                "tail/stopped_early": float(totals[1] > 0),
             }
         )
-        return metrics
+        return metrics, due
 
-    def _may_stop(self, due: list[Group], fill: BatchFill, batch_size: int) -> bool:
-        """Every due group is done, and either `batch_size` groups are (the batch's) or the decode batch is in its
-        tail with at least one group to train."""
-        if not all(g.done for g in due):
-            return False
-        done = sum(g.done for g in self.pool.groups.values())
-        return done >= batch_size or (fill.in_tail and done > 0)
+    def _phase(self, due: set[int]) -> Phase:
+        """This rank's counts after an engine step."""
+        groups, llm = self.pool.groups, self.generation.llm
+        return Phase(
+            unfinished=int(llm.has_unfinished_requests()),
+            running=min(self.pool.num_in_engine(), llm.max_num_seqs),
+            due=len(due),
+            due_pending=sum(not groups[g].done for g in due),
+            done=sum(g.done for g in groups.values()),
+            carried=len(self.carried),
+        )
 
     def publish_weights(self, version: int) -> None:
         copy_to_engine(self.generation.model, self.generation.llm)
@@ -147,22 +175,26 @@ class CarrySource(SourceBase):
         return loader_state(self.train_loader)
 
     def state_dict(self) -> dict[str, Any]:
-        """The paused groups (every admitted group not yet trained) and where admission and the time estimate are."""
-        return {
+        """Every rank's paused groups (every admitted group not yet trained; a collective: rank 0 writes the
+        checkpoint), its probe prompts and time estimate, and where admission is."""
+        mine = {
             **super().state_dict(),
             "groups": [g.state_dict() for g in self.pool.groups.values()],
             "to_continue": self.pool.to_continue,
-            "next_group": self.next_group,
             "tail_step_s": self.tail_step_s,
             "carried": sorted(self.carried),
+            "held_scores": sorted(self.held_scores.items()),
         }
+        return {"next_group": self.next_group, "ranks": all_gather_objects(mine)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.pool.groups = {g.index: g for g in map(Group.from_state, state["groups"])}
-        self.pool.to_continue = [(g, i) for g, i in state["to_continue"]]
-        self.next_group, self.tail_step_s = state["next_group"], state["tail_step_s"]
-        self.carried = {(g, i) for g, i in state["carried"]}
+        mine = rank_state(state["ranks"], self.dist)
+        super().load_state_dict(mine)
+        self.pool.groups = {g.index: g for g in map(Group.from_state, mine["groups"])}
+        self.held_scores = {g: scores for g, scores in mine["held_scores"]}
+        self.pool.to_continue = [(g, i) for g, i in mine["to_continue"]]
+        self.next_group, self.tail_step_s = state["next_group"], mine["tail_step_s"]
+        self.carried = {(g, i) for g, i in mine["carried"]}
 
 
 def group_batch(group: Group) -> RolloutBatch:

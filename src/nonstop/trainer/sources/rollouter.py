@@ -57,7 +57,10 @@ class Rollouter(GroupRequests):
         self.error: BaseException | None = None
         self.tail_frac = tail_frac
         self.fill = BatchFill(llm.max_num_seqs, tail_frac or 0.0)  # since the last weight update
-        self.num_carried = 0  # sequences the last update paused at the tail
+        # What the last update paused at the tail (its sequences and their tokens) and the fill of the engine steps
+        # before it; before the first update, the fill so far.
+        self.num_carried = self.carried_tokens = 0
+        self.last_fill: float | None = None
         self.idle_s, self.window_start = 0.0, time.perf_counter()
         self.stats = llm.stats_window()  # the engine's `rollout/*` since the last `pop_metrics`
         device = self._device()
@@ -97,6 +100,9 @@ class Rollouter(GroupRequests):
             )
             if self.tail_frac is not None:
                 metrics["tail/num_carried"] = float(self.num_carried)
+                metrics["tail/carried_tokens"] = float(self.carried_tokens)
+                metrics["tail/stopped_early"] = float(self.num_carried > 0)
+                metrics["tail/batch_fill/mean"] = self.fill.mean if self.last_fill is None else self.last_fill
             self.num_paused = self.num_continued = 0
             self.idle_s, self.window_start = 0.0, now
             return metrics
@@ -142,6 +148,8 @@ class Rollouter(GroupRequests):
                 self.version += 1
                 self.draining = False
                 self.num_carried = self.num_paused - paused_before
+                self.carried_tokens = sum(len(self.groups[g].token_ids[i]) for g, i in self.to_continue)
+                self.last_fill = self.fill.mean
                 self.fill = BatchFill(self.llm.max_num_seqs, self.tail_frac or 0.0)
             after()
 
@@ -168,11 +176,11 @@ class Rollouter(GroupRequests):
             with torch.cuda.stream(self.stream) if self.stream is not None else nullcontext():
                 while self._next_move():
                     outputs = self.llm.step()  # outside the lock: the trainer can queue for it meanwhile
-                    if outputs:
-                        with self.cond:
-                            for output in outputs:
-                                self.record(output)
-                            self.fill.observe(self.num_in_engine())
+                    with self.cond:
+                        for output in outputs:
+                            self.record(output)
+                        self.fill.observe(self.num_in_engine())  # every engine step: the fill is a mean over them
+                        if outputs:
                             self.cond.notify_all()
         except BaseException as error:
             with self.cond:
