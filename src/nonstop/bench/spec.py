@@ -133,7 +133,16 @@ def run_online(llm: LLM, prompts, args, temperature: float) -> dict:
         "identical_to_plain": statistics.mean(identical),
         "graph_capture_s": {side: statistics.mean(times) for side, times in captures.items()},
         "generated_tokens": statistics.mean(m["rollout/generated_tokens"] for m in spec_metrics),
+        "rule": rule_state(speculator.policy),
     }
+
+
+def rule_state(policy) -> dict:
+    """What the draft rule has learnt by the end of a case: kept tokens per round, the recent round and plain-step
+    times (ms) and their ratio."""
+    ratio = policy.cost_ratio()
+    return {"gain": policy.gain, "cost_ratio": ratio, "round_ms": [t * 1e3 for t in policy.round_times],
+            "plain_ms": [t * 1e3 for t in policy.plain_times]}  # fmt: skip
 
 
 def _mean_metrics(runs: list[dict]) -> dict:
