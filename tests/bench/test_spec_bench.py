@@ -22,9 +22,9 @@ def test_offline_spec_bench_replays_plain_generations(tmp_path, capsys):
     assert BENCHMARKS["spec"] == "nonstop.bench.spec"
     out = tmp_path / "spec.json"
     argv = ["--offline", "--prompts", "1", "--n", "3", "--max-tokens", "12", "--temperatures", "0.6", "--device", "cpu"]
-    assert spec.main([*argv, "--spec", "prompt_lookup_min=1", "--out", str(out)]) == 0
+    assert spec.main([*argv, "--spec", "prompt_lookup_min=2", "--out", str(out)]) == 0
     payload = json.loads(out.read_text())
-    assert payload["speculative_config"]["prompt_lookup_min"] == 1 and "torch" in payload["environment"]
+    assert payload["speculative_config"]["prompt_lookup_min"] == 2 and "torch" in payload["environment"]
     (row,) = payload["rows"]
     assert (row["temperature"], row["sequences"]) == (0.6, 3)
     for name in ("calibration", "every_step", "epoch1", "epoch2_history"):

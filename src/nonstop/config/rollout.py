@@ -58,7 +58,7 @@ class SpeculativeConfig:
         "(never slower than plain decoding); always = verify every launch in range",
     )
     prompt_lookup_max: int = option(16, "Longest suffix of a sequence matched against its group's text")
-    prompt_lookup_min: int = option(2, "Shortest suffix match that yields a draft")
+    prompt_lookup_min: int = option(1, "Shortest suffix match that yields a draft")
     suffix_decoding_max_cached_requests: int = option(
         10000,
         "Prompts whose latest responses are kept (least recently used out) to draft from when the prompt returns "
