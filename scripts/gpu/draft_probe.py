@@ -36,6 +36,7 @@ def time_graph(fn, iters: int = 50) -> float:
     return start.elapsed_time(end) * 1000 / iters
 
 
+@torch.inference_mode()  # the engine's mode: the Triton kernels, not the tensor-op reference
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)

@@ -23,7 +23,7 @@ TRAIN=(python3 -m nonstop train examples/gsm8k_smollm2.yaml data.train_files=/tm
        data.val_files=/tmp/gsm8k/test.parquet trainer.val_before_train=False trainer.test_freq=-1
        trainer.logger=[console])
 
-[ -n "${SKIP_TESTS:-}" ] || gpu_test tests 150 tests/rollout/test_spec_gpu.py $(ls tests/kernels/test_paged_verify*.py 2>/dev/null)
+[ -n "${SKIP_TESTS:-}" ] || gpu_test tests 180 tests/rollout/test_spec_gpu.py tests/kernels/test_paged_verify.py tests/kernels/test_suffix_match.py tests/kernels/test_verify_round.py
 
 t bench_untrained 180 python3 -m nonstop bench spec --model "$MODEL" --data "$DATA/train.jsonl" \
   --temperatures "${TEMPS:-0.6,1.0}" --prompts "${PROMPTS:-1,8,32}" --repeats "${REPEATS:-3}" \

@@ -26,7 +26,9 @@ _BLOCK = 1024  # positions per block: a few blocks for streams of a few thousand
 _NO_CANDIDATE = tl.constexpr(-1)  # a stream's score when no position has a known token after it
 
 
-@triton.jit
+# Scalar arguments are not specialized: Triton would otherwise compile a variant for a value of 1 (max_match 1 made the
+# scan's loop constant, which failed Triton's coalesce pass on an H100), and recompile as drafts change length.
+@triton.jit(do_not_specialize=["stride_s", "stride_n", "num_draft", "max_match"])
 def _scan_stream_kernel(
     tokens_ptr,
     lengths_ptr,
@@ -74,7 +76,7 @@ def _scan_stream_kernel(
     tl.store(scores_ptr + n * tl.num_programs(1) + g, tl.max(best, axis=0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_s", "stride_n", "num_streams", "num_draft", "min_match"])
 def _pick_draft_kernel(
     tokens_ptr,
     streams_ptr,

@@ -20,7 +20,9 @@ from nonstop.kernels.grid import next_power_of_2
 from nonstop.kernels.pdl import use_pdl
 
 
-@triton.jit
+# Scalar arguments are not specialized (Triton compiles a variant for a value of 1 otherwise: a new compile, inside a
+# generation, the first time a shape has one row or one stop id).
+@triton.jit(do_not_specialize=["stride_drafts", "stride_bt", "num_blocks", "scratch_slot", "max_position", "Q"])
 def _round_inputs_kernel(
     drafts_ptr,
     draft_len_ptr,
@@ -74,7 +76,7 @@ def _round_inputs_kernel(
     tl.store(num_query_ptr + n, live_query.to(num_query_ptr.dtype.element_ty))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N", "Q", "E", "stride_stop", "stride_s", "L"])
 def _accept_round_kernel(
     y_ptr,
     logprobs_ptr,
