@@ -5,8 +5,8 @@ Online (the default; a GPU): per temperature and number of prompts, one engine g
 same seeds `--repeats` times on each side, interleaved after a warm-up of each: plain (speculation off), spec (the
 configured rule, the history of earlier responses cleared before each run: a prompt seen for the first time) and
 spec+history (the previous repeat's responses kept, as when a prompt returns in a later epoch). Reported: median
-generation wall time per side, the speed-up, acceptance rate, tokens per sequence per verify step, verify steps as
-a share of the drafting range's decode steps, the host time drafting took, the seconds CUDA-graph captures took
+generation wall time per side, the speed-up, acceptance rate, tokens per sequence per verify round, verify rounds as
+a share of the drafting range's decode steps, what the draft rule learnt, the seconds CUDA-graph captures took
 inside the timed runs (plain / spec / spec+history: a new launch shape's one-off cost), and how many samples equal
 plain's (all, where verify and decode compute bit-identical logits; bf16 kernels may differ in the last bit, and a
 sample that draws another token there continues differently, as exactly distributed).

@@ -28,7 +28,7 @@ ROLLOUT_PEAK_RUNNING_SEQS = "rollout/peak_running_seqs"
 # Fraction of engine model-step wall time in decode steps of at most `speculative.disable_by_batch_size` (its default)
 # sequences: weight-read bound steps, what speculative decoding shortens.
 ROLLOUT_SMALL_BATCH_FRAC = "rollout/small_batch_frac"
-# Speculative decoding, when it is on: accepted / drafted tokens; tokens per sequence per verify step; verify and plain
+# Speculative decoding, when it is on: accepted / drafted tokens; tokens per sequence per verify round; verify and plain
 # decode steps in the drafting range, and their wall seconds.
 SPEC_ACCEPTANCE_RATE = "rollout/spec/acceptance_rate"
 SPEC_TOKENS_PER_VERIFY = "rollout/spec/tokens_per_verify"

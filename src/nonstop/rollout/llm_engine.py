@@ -50,7 +50,7 @@ class _InFlight:
     sampled: SampledStep
     rows: SampledRows  # per sample row: the sequence and the index of its placeholder
     # A plain decode launch in speculative decoding's drafting range: its decode steps and when it was launched (the
-    # draft rule weighs a verify step against it; see LLMEngine._process_in_flight).
+    # draft rule weighs a verify round against it; see LLMEngine._process_in_flight).
     timed_steps: int = 0
     launched_at: float = 0.0
 

@@ -332,8 +332,7 @@ class ModelRunner:
     def launch(self, batch: ScheduledBatch) -> SampledStep:
         """Queue the step (a multi-step decode launch: its k steps) on the device without waiting for it. Its sampled
         token ids and their log-probs, one row per sample drawn, in batch order (multi-step: step by step, the rows
-        of steps each sequence really runs; a verify step: each sequence's 1 + draft length positions), come from
-        the returned handle's `read`."""
+        of steps each sequence really runs), come from the returned handle's `read`."""
         plan, _ = self.planner.plan(batch)
         S, K = plan.num_sample_rows, batch.num_scheduler_steps
         assert K <= self.num_scheduler_steps and (K == 1 or S == plan.num_decode == len(batch.seqs))

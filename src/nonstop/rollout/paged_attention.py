@@ -54,7 +54,7 @@ class AttentionMetadata:
     context_lens_N: Tensor | None  # int32, the token being decoded included
     # Shared-prefix tiles of the decode rows (rollout/cascade.py): set when the step runs cascade decode attention.
     cascade: CascadeMetadata | None = None
-    # A verify step: each row's live query slots (its last token + draft; the tokens are N rows x Q slots, padding
+    # A verify round: each row's live query slots (its last token + draft; the tokens are N rows x Q slots, padding
     # slots and rows have none). `context_lens_N` then counts the row's new tokens too.
     num_query_N: Tensor | None = None
 
@@ -85,7 +85,7 @@ class PagedAttention:
         """`__call__` on q and k before the rotary embedding. A decode-only step (every decode step the CUDA graphs
         capture) without shared-prefix tiles goes to `rotary_decode_attention` (one launch that rotates, writes the
         cache and attends, where the decode kernel would run one split per sequence); with them it rotates and
-        writes in one launch (`rotary_and_cache`) and attends in another, as does a verify step; a step with prefill
+        writes in one launch (`rotary_and_cache`) and attends in another, as does a verify round; a step with prefill
         tokens rotates first and takes `__call__`."""
         md = self.metadata
         if md.num_prefill_tokens > 0:

@@ -6,7 +6,7 @@ prefix/read offsets), so a byte-level token that ends inside a multi-byte charac
 character is whole. After each token, once `min_tokens` are out, the text's new tail (plus the longest stop
 string's length less one, for a string completed across tokens) is searched; the first token whose text completes
 a stop string ends the sequence there: its token ids run up to and including that token, its text stops before the
-string (vLLM's defaults). Tokens computed past it (async scheduling, multi-step decode, a verify step's accepted
+string (vLLM's defaults). Tokens computed past it (async scheduling, multi-step decode, a verify round's kept
 draft) are dropped like those past a stop id.
 """
 

@@ -2,8 +2,8 @@
 
 Generation time in decode steps of at most `SMALL_BATCH` sequences (`rollout/small_batch_frac` x `timing_s/gen`)
 is weight reads for a few tokens. Without speculation the doctor recommends it, costing that time at an assumed
-speed-up (no acceptance was measured yet). With it, the run's own numbers decide: a verify step's speed-up over the
-plain steps in the drafting range is tokens per verify step x plain step time / verify step time, and what is left
+speed-up (no acceptance was measured yet). With it, the run's own numbers decide: a verify round's speed-up over the
+plain steps in the drafting range is tokens per verify round x plain step time / verify round time, and what is left
 is the plain steps' time there at that speed-up; where the speed-up is at most 1 the drafts do not pay and nothing
 is lost (the `auto` rule already keeps plain decoding there).
 """
@@ -68,7 +68,7 @@ def speculative_decoding(run: RunData) -> Finding:
     tokens = run.mean(SPEC_TOKENS_PER_VERIFY) or 0.0
     f.evidence.append(
         f"{SPEC_TOKENS_PER_VERIFY} {tokens:.2f}, {SPEC_ACCEPTANCE_RATE} {run.mean(SPEC_ACCEPTANCE_RATE) or 0:.2f} over "
-        f"{verify_steps:.0f} verify steps; {plain_steps:.0f} plain steps in the drafting range"
+        f"{verify_steps:.0f} verify rounds; {plain_steps:.0f} plain steps in the drafting range"
     )
     plain_s = run.total(SPEC_PLAIN_TIME_S)
     if not verify_steps or not plain_steps:
@@ -76,14 +76,14 @@ def speculative_decoding(run: RunData) -> Finding:
         f.evidence.append("every drafting-range step verified" if verify_steps else "no step verified")
         return f
     speedup = tokens * (plain_s / plain_steps) / (run.total(SPEC_VERIFY_TIME_S) / verify_steps)
-    f.evidence.append(f"a verify step measured {speedup:.2f}x the tokens per second of a plain step there")
+    f.evidence.append(f"a verify round measured {speedup:.2f}x the tokens per second of a plain step there")
     f.gpu_s_lost = plain_s * max(0.0, 1 - 1 / speedup) * run.num_gpus
     f.status = FOUND if f.gpu_s_lost > 0 else CLEAR
     if f.status == FOUND:
         f.changes.append(
             Change(
                 {"actor_rollout_ref.rollout.speculative.draft_rule": "always"},
-                "the auto rule left steps plain where verify steps measured faster",
+                "the auto rule left steps plain where verify rounds measured faster",
             )
         )
     return f

@@ -2,7 +2,7 @@
 request's responses per prompt, the least recently used prompts evicted past `max_prompts`.
 
 Kept as int32 arrays (4 bytes a token), keyed by the prompt's token ids. They are text, not KV: a weight update
-leaves them valid as drafts (a draft only changes how many tokens a verify step keeps, never which).
+leaves them valid as drafts (a draft only changes how many tokens a verify round keeps, never which).
 """
 
 from __future__ import annotations
