@@ -128,8 +128,13 @@ def test_partial_rollouts_carry_the_tail_across_updates_on_two_gpus(tmp_path):
     sync = step_metrics(config, LONG_TAIL)
     before = planted(tmp_path, config, sync)
     tail = finding(before, "generation_long_tail")
-    assert overrides(tail)[:2] == [{"trainer.mode": "one_step_off"}, {"trainer.mode": "async"}]
-    config = applied(config, tail.changes[1])
+    # The carry-over first (colocated sync on any number of GPUs), then the overlap modes.
+    assert overrides(tail)[:3] == [
+        {"actor_rollout_ref.rollout.tail.enable": True},
+        {"trainer.mode": "one_step_off"},
+        {"trainer.mode": "async"},
+    ]
+    config = applied(config, tail.changes[2])
     after = planted(tmp_path, config, partial_rollouts(sync), "applied")
     assert overlap_share(after) < before.share(tail)
 
