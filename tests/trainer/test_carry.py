@@ -282,6 +282,7 @@ def test_one_step_off_with_the_tail_resumes_from_a_checkpoint_taken_mid_carry(tr
     trained once, within staleness 1, carried or not when the checkpoint was taken."""
     gate_generation(monkeypatch)
     crashed = long_tailed(trainer_factory(ONE_STEP_OFF_TAIL, run_dir=tmp_path / "run"))
+    trained = _record_batches(crashed)  # the batches of steps 1..6; the resumed run adds 7 and 8
     real_step = crashed.step
 
     def crash_at_7(step):
@@ -297,6 +298,7 @@ def test_one_step_off_with_the_tail_resumes_from_a_checkpoint_taken_mid_carry(tr
     resumed = long_tailed(trainer_factory(ONE_STEP_OFF_TAIL, run_dir=tmp_path / "run"))
     batches = _record_batches(resumed)
     history = resumed.fit()
+    trained += batches
     assert [b.uids for b in batches] == [
         [f"p{step * BATCH + i}" for i in range(BATCH) for _ in range(N)] for step in (6, 7)
     ]
@@ -307,9 +309,14 @@ def test_one_step_off_with_the_tail_resumes_from_a_checkpoint_taken_mid_carry(tr
     rows = comparable(tmp_path / "run/metrics.jsonl")
     assert [m["training/global_step"] for m in history] == [7.0, 8.0]
     assert [r["step"] for r in rows] == list(range(1, 9))
-    for row in rows:  # sync's carry-over metrics, where they make sense under one_step_off
-        assert row["tail/stopped_early"] == float(row["tail/num_carried"] > 0)
-        assert (row["tail/carried_tokens"] > 0) == (row["tail/num_carried"] > 0)
+    assert len(trained) == 8
+    for step, (row, batch) in enumerate(zip(rows, trained, strict=True), start=1):
+        # What the update to version step - 1 paused, as the trained sequences show it: those of this step's block
+        # that hold tokens of both versions, holding their old-version tokens when it paused them.
+        carried = [v for v in (s.token_policy_versions for s in batch.samples) if {step - 2, step - 1} <= set(v)]
+        assert row["tail/num_carried"] == len(carried), step
+        assert row["tail/carried_tokens"] == sum(v.count(step - 2) for v in carried), step
+        assert row["tail/stopped_early"] == float(bool(carried)), step
         assert 0 < row["tail/batch_fill/mean"] <= 1 and row["async/staleness/max"] <= 1
         assert row["async/staleness/frac_0"] + row["async/staleness/frac_1"] == pytest.approx(1.0)
     assert sum(r["tail/num_carried"] for r in rows) > 0
