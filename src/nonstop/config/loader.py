@@ -18,11 +18,11 @@ from .unsupported import find_rule
 
 
 def load_config(
-    path: str | None = None, overrides: Iterable[str] = (), dropped: list[Dropped | ConfigNote] | None = None
+    path: str | None = None, overrides: Iterable[str] = (), notes: list[Dropped | ConfigNote] | None = None
 ) -> NonstopConfig:
     """Build the config a run uses; later sources win. Raises ConfigError on any mistake, naming where the key was
     set (the file and line, or the command line). The verl keys accepted without effect, and a note for each default
-    chosen from other keys, are appended to `dropped` when given (`nonstop train` prints them)."""
+    chosen from other keys, are appended to `notes` when given (`nonstop train` prints them)."""
     config = ConfigTree()
     if path is not None:
         data, lines = _read_yaml(path)
@@ -41,9 +41,9 @@ def load_config(
         origin = config.origin_of(e.key)
         raise (ConfigError(f"{e.message} [{origin}]", e.key, e.value) if origin else e) from None
     note = default_rollout_is(built, ROLLOUT_IS in config.origins)
-    if dropped is not None:
-        dropped.extend(config.dropped)
-        dropped.extend([note] if note is not None else [])
+    if notes is not None:
+        notes.extend(config.dropped)
+        notes.extend([note] if note is not None else [])
     return built
 
 
