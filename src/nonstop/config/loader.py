@@ -13,6 +13,7 @@ from .assign import ConfigNote, ConfigTree, Dropped, is_section, parse_override
 from .errors import ConfigError
 from .interpolate import resolve
 from .root import NonstopConfig
+from .tail import ROLLOUT_IS, default_rollout_is
 from .tree import build, key_index
 from .unsupported import find_rule
 
@@ -45,34 +46,6 @@ def load_config(
         notes.extend(config.dropped)
         notes.extend([note] if note is not None else [])
     return built
-
-
-ROLLOUT_IS = "algorithm.rollout_correction.rollout_is"
-
-
-def default_rollout_is(config: NonstopConfig, is_set: bool) -> ConfigNote | None:
-    """A carry-over that continues sequences across a weight update (`rollout.tail.enable`, under one_step_off or
-    with `tail.max_staleness` > 0) trains responses whose tokens come from several policy versions: token-level
-    truncated importance sampling against their recorded log-probs corrects them. Left unset, `rollout_is` is turned
-    on (`token`) and the note says so; set to null, the note warns that the mixed-version tokens go uncorrected."""
-    tail = config.actor_rollout_ref.rollout.tail
-    if not tail.enable or (config.trainer.mode == "sync" and tail.max_staleness == 0):
-        return None
-    correction = config.algorithm.rollout_correction
-    if not is_set:
-        correction.rollout_is = "token"
-        return ConfigNote(
-            f"note: {ROLLOUT_IS}=token (default with actor_rollout_ref.rollout.tail.enable=True): carried responses "
-            "mix tokens of several policy versions, corrected by token-level truncated importance sampling; "
-            f"{ROLLOUT_IS}=null turns it off"
-        )
-    if correction.rollout_is is None:
-        return ConfigNote(
-            f"warning: {ROLLOUT_IS}=null with actor_rollout_ref.rollout.tail.enable=True: the tokens a carried "
-            f"response took from older weights are trained without importance correction; remove {ROLLOUT_IS} (or "
-            "set it to token) to correct them"
-        )
-    return None
 
 
 def _file_origin(path: str, lines: dict[str, int], key: str) -> str:
