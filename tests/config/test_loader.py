@@ -190,8 +190,12 @@ IS_KEY = "algorithm.rollout_correction.rollout_is"
         ((TAIL, f"{IS_KEY}=sequence"), "sequence", None),
         ((TAIL, "actor_rollout_ref.rollout.tail.max_staleness=0"), None, None),  # sync that never carries
         ((), None, None),
+        # Refused by the trainer (trainer/checks.py): no note to read before the refusal.
+        ((TAIL, "trainer.mode=async"), None, None),
+        ((TAIL, "trainer.placement=split"), None, None),
+        ((TAIL, "algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=acc"), None, None),
     ],
-    ids=["unset", "one-step-off", "disabled", "sequence", "never-carries", "no-tail"],
+    ids=["unset", "one-step-off", "disabled", "sequence", "never-carries", "no-tail", "async", "split", "dapo"],
 )
 def test_the_carry_over_turns_token_level_is_on_unless_the_key_is_set(overrides, expected, line):
     notes = []

@@ -10,6 +10,7 @@ import json
 import sys
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from dist_helpers import spawn
@@ -20,7 +21,7 @@ from test_carry import CARRY, long_tailed  # noqa: E402
 from trainer_helpers import comparable, make_trainer  # noqa: E402
 
 from nonstop.dist import DistInfo  # noqa: E402
-from nonstop.trainer.sources.carry_ranks import Phase, may_stop, rank_state  # noqa: E402
+from nonstop.trainer.sources.carry_ranks import Phase, held_back, may_stop, rank_state  # noqa: E402
 
 STEPS, SAVE, BATCH, N = 12, 4, 4, 8
 OVERRIDES = (f"trainer.total_training_steps={STEPS}", f"trainer.save_freq={SAVE}", *CARRY)
@@ -113,6 +114,14 @@ def test_two_ranks_train_every_sample_once_and_resume_exactly(tmp_path):
 )
 def test_the_stop_waits_for_equal_shares_on_two_ranks(phase, in_tail, batch_size, expected):
     assert may_stop(phase, in_tail, batch_size, world_size=2) == expected
+
+
+def test_a_held_back_group_may_wait_again_until_it_is_due():
+    """On one process `held_back` sees every finished group as if gathered from two ranks."""
+    done = lambda *indices: [SimpleNamespace(index=i) for i in indices]  # noqa: E731  (held_back reads the index)
+    assert held_back(done(4, 5, 6), due=set(), world_size=2) == {6}  # the youngest of an odd count
+    assert held_back(done(6), due=set(), world_size=2) == {6}  # not due yet (tail.max_staleness > 1): held again
+    assert held_back(done(6, 7, 8), due={6}, world_size=2) == {8}  # due: trained, a younger one waits instead
 
 
 def saved_on_two_ranks() -> list[dict]:

@@ -9,6 +9,7 @@ import torch
 import yaml
 
 from nonstop.config import load_config
+from nonstop.profiling.doctor import diagnose, load_run
 from nonstop.profiling.doctor.change import format_value
 
 NUM_STEPS = 5
@@ -91,6 +92,11 @@ def overrides(finding) -> list[dict]:
 
 def keys(finding) -> set[str]:
     return {key for c in finding.changes for key in c.overrides}
+
+
+def ranked(run_dir: Path) -> list:
+    """The doctor's findings on the run, most GPU-seconds lost first."""
+    return diagnose(load_run(run_dir)).ranked()
 
 
 @contextlib.contextmanager

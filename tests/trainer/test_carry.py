@@ -8,6 +8,8 @@ different engine steps and the tail is real."""
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -17,6 +19,7 @@ from test_rollouter import drive
 from trainer_helpers import FixedPrompts, comparable, tiny_model
 
 from nonstop.rollout import LLM, SamplingParams
+from nonstop.trainer.sources.carry_ranks import saved_ranks
 from nonstop.trainer.sources.rollouter import Rollouter
 
 CARRY = ("actor_rollout_ref.rollout.tail.enable=True", "actor_rollout_ref.rollout.tail.min_running_frac=0.5")
@@ -103,7 +106,26 @@ def test_with_unchanged_weights_a_carried_sequence_is_the_uninterrupted_one(trai
             torch.testing.assert_close(torch.tensor(logprobs), torch.tensor(reference), rtol=0, atol=1e-5)
 
 
-def test_resume_in_the_middle_of_a_carry_reproduces_the_uninterrupted_run(trainer_factory, tmp_path, monkeypatch):
+def written_before_ranks(source: dict) -> dict:
+    """A one-rank carry-over state as CarrySource.state_dict wrote it before the carry-over ran on several ranks
+    (d441b51): one rank's keys at the top level, no `ranks`, no `held_scores`."""
+    (mine,) = source["ranks"]
+    assert mine["held_scores"] == []  # one rank never holds a finished group back
+    kept = ("probe_prompts", "groups", "to_continue", "tail_step_s", "carried")
+    return {**{k: mine[k] for k in kept}, "next_group": source["next_group"]}
+
+
+def rewrite_source_state(checkpoint, rewrite) -> None:
+    path = checkpoint / "trainer_state.json"
+    state = json.loads(path.read_text())
+    state["extra"]["source"] = rewrite(state["extra"]["source"])
+    path.write_text(json.dumps(state))
+
+
+@pytest.mark.parametrize("layout", ["several-ranks", "one-rank-before-ranks"])
+def test_resume_in_the_middle_of_a_carry_reproduces_the_uninterrupted_run(
+    trainer_factory, tmp_path, monkeypatch, layout
+):
     overrides = ("trainer.total_training_steps=6", "trainer.save_freq=2", *CARRY)
     uninterrupted = long_tailed(trainer_factory(overrides, run_dir=tmp_path / "a"))
     history = uninterrupted.fit()
@@ -121,6 +143,8 @@ def test_resume_in_the_middle_of_a_carry_reproduces_the_uninterrupted_run(traine
     monkeypatch.setattr(crashed, "step", crash_at_5)
     with pytest.raises(RuntimeError, match="simulated crash"):
         crashed.fit()
+    if layout == "one-rank-before-ranks":
+        rewrite_source_state(tmp_path / "b/checkpoints/global_step_4", written_before_ranks)
     resumed = long_tailed(trainer_factory(overrides, run_dir=tmp_path / "b"))
     assert [m["training/global_step"] for m in resumed.fit()] == [5.0, 6.0]
     a, b = comparable(tmp_path / "a/metrics.jsonl"), comparable(tmp_path / "b/metrics.jsonl")
@@ -130,6 +154,34 @@ def test_resume_in_the_middle_of_a_carry_reproduces_the_uninterrupted_run(traine
     assert not differing, differing
     for p_a, p_b in zip(uninterrupted.model.parameters(), resumed.model.parameters(), strict=True):
         assert torch.equal(p_a, p_b)
+
+
+def test_a_carry_over_state_it_cannot_read_is_refused_naming_the_checkpoint_and_what_it_lacks(
+    trainer_factory, tmp_path
+):
+    overrides = ("trainer.total_training_steps=2", "trainer.save_freq=1", *CARRY)
+    long_tailed(trainer_factory(overrides, run_dir=tmp_path / "a")).fit()
+    checkpoint = tmp_path / "a/checkpoints/global_step_1"
+    rewrite_source_state(checkpoint, lambda source: {"probe_prompts": source["ranks"][0]["probe_prompts"]})
+    resume = ("trainer.resume_mode=resume_path", f"trainer.resume_from_path={checkpoint}")
+    resumed = long_tailed(trainer_factory((*overrides, *resume), run_dir=tmp_path / "b"))
+    missing = "['groups', 'to_continue', 'next_group', 'tail_step_s', 'carried']"
+    with pytest.raises(ValueError, match=re.escape(f"cannot resume from {checkpoint}: ")) as e:
+        resumed.fit()
+    assert "no 'ranks'" in str(e.value) and missing in str(e.value)
+
+
+def test_a_one_rank_state_with_a_finished_group_is_refused_not_read_without_its_scores():
+    paused = {"index": 3, "finish_reasons": ["length", None]}
+    finished = {"index": 4, "finish_reasons": ["length", "stop"]}
+    state = {"probe_prompts": None, "to_continue": [[3, 1]], "next_group": 5, "tail_step_s": 0.1, "carried": [[3, 1]]}
+    assert saved_ranks({**state, "groups": [paused]}) == (
+        5,
+        [{"probe_prompts": None, "groups": [paused], "to_continue": [[3, 1]], "tail_step_s": 0.1,
+          "carried": [[3, 1]], "held_scores": []}],
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=re.escape("holds finished groups [4] without their scores ('held_scores')")):
+        saved_ranks({**state, "groups": [paused, finished]})
 
 
 def test_max_staleness_0_is_the_sync_loop(trainer_factory):
@@ -194,6 +246,9 @@ def test_one_step_off_with_the_tail_trains_every_sample_once_within_1(trainer_fa
             assert len(s.token_policy_versions) == len(s.response_token_ids)
             assert step - min(s.token_policy_versions) <= 1 and max(s.token_policy_versions) <= step
     assert all("tail/num_carried" in m for m in history)
+    # The block's staleness under the overlap modes' one name, not also under sync's carry-over prefix.
+    assert all(m["async/staleness/max"] <= 1 for m in history)
+    assert not [k for m in history for k in m if k.startswith("tail/staleness/")]
 
 
 ONE_STEP_OFF_TAIL = (*CARRY, "trainer.mode=one_step_off", "trainer.total_training_steps=8", "trainer.save_freq=3")
@@ -227,6 +282,7 @@ def test_one_step_off_with_the_tail_resumes_from_a_checkpoint_taken_mid_carry(tr
     trained once, within staleness 1, carried or not when the checkpoint was taken."""
     gate_generation(monkeypatch)
     crashed = long_tailed(trainer_factory(ONE_STEP_OFF_TAIL, run_dir=tmp_path / "run"))
+    trained = _record_batches(crashed)  # the batches of steps 1..6; the resumed run adds 7 and 8
     real_step = crashed.step
 
     def crash_at_7(step):
@@ -242,6 +298,7 @@ def test_one_step_off_with_the_tail_resumes_from_a_checkpoint_taken_mid_carry(tr
     resumed = long_tailed(trainer_factory(ONE_STEP_OFF_TAIL, run_dir=tmp_path / "run"))
     batches = _record_batches(resumed)
     history = resumed.fit()
+    trained += batches
     assert [b.uids for b in batches] == [
         [f"p{step * BATCH + i}" for i in range(BATCH) for _ in range(N)] for step in (6, 7)
     ]
@@ -252,9 +309,14 @@ def test_one_step_off_with_the_tail_resumes_from_a_checkpoint_taken_mid_carry(tr
     rows = comparable(tmp_path / "run/metrics.jsonl")
     assert [m["training/global_step"] for m in history] == [7.0, 8.0]
     assert [r["step"] for r in rows] == list(range(1, 9))
-    for row in rows:  # sync's carry-over metrics, where they make sense under one_step_off
-        assert row["tail/stopped_early"] == float(row["tail/num_carried"] > 0)
-        assert (row["tail/carried_tokens"] > 0) == (row["tail/num_carried"] > 0)
-        assert 0 < row["tail/batch_fill/mean"] <= 1 and row["tail/staleness/max"] <= 1
-        assert row["tail/staleness/frac_0"] + row["tail/staleness/frac_1"] == pytest.approx(1.0)
+    assert len(trained) == 8
+    for step, (row, batch) in enumerate(zip(rows, trained, strict=True), start=1):
+        # What the update to version step - 1 paused, as the trained sequences show it: those of this step's block
+        # that hold tokens of both versions, holding their old-version tokens when it paused them.
+        carried = [v for v in (s.token_policy_versions for s in batch.samples) if {step - 2, step - 1} <= set(v)]
+        assert row["tail/num_carried"] == len(carried), step
+        assert row["tail/carried_tokens"] == sum(v.count(step - 2) for v in carried), step
+        assert row["tail/stopped_early"] == float(bool(carried)), step
+        assert 0 < row["tail/batch_fill/mean"] <= 1 and row["async/staleness/max"] <= 1
+        assert row["async/staleness/frac_0"] + row["async/staleness/frac_1"] == pytest.approx(1.0)
     assert sum(r["tail/num_carried"] for r in rows) > 0

@@ -30,10 +30,10 @@ def split_config_args(items: list[str]) -> tuple[str | None, list[str]]:
     return None, list(items)
 
 
-def print_dropped(dropped) -> None:
+def print_notes(notes) -> None:
     """One line per verl key accepted without effect, saying what nonstop does instead, and per default chosen from
     other keys (or warning about a value that disables one), to stderr."""
-    for note in dropped:
+    for note in notes:
         print(note, file=sys.stderr)
 
 
@@ -41,8 +41,8 @@ def run_show(args: argparse.Namespace) -> int:
     from nonstop.config import config_to_yaml, load_config
 
     path, overrides = split_config_args(args.items)
-    dropped = []
-    config = load_config(path, overrides, dropped)
-    print_dropped(dropped)
+    notes = []
+    config = load_config(path, overrides, notes)
+    print_notes(notes)
     print(config_to_yaml(config), end="")
     return 0

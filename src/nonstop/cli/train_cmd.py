@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from nonstop.cli.config_cmd import print_dropped, split_config_args
+from nonstop.cli.config_cmd import print_notes, split_config_args
 
 INTERRUPTED = 130  # the shell's exit status for a process ended by Ctrl-C (128 + SIGINT)
 # Set by the process that launches its own ranks, so its children do not print the config notes again.
@@ -26,10 +26,10 @@ def register(subparsers) -> None:
     parser.set_defaults(run=run)
 
 
-def config_from_args(items: list[str], dropped: list | None = None):
+def config_from_args(items: list[str], notes: list | None = None):
     from nonstop.config.embedded import run_config
 
-    return run_config(*split_config_args(items), dropped)
+    return run_config(*split_config_args(items), notes)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,10 +39,10 @@ def run(args: argparse.Namespace) -> int:
     from nonstop.dist.launch import launch_local_ranks, needs_own_launch
     from nonstop.trainer.build import resolve_device
 
-    dropped = []
-    config = config_from_args(args.items, dropped)  # a ConfigError is a ValueError: the CLI prints it as one line
+    notes = []
+    config = config_from_args(args.items, notes)  # a ConfigError is a ValueError: the CLI prints it as one line
     if os.environ.get("RANK", "0") == "0" and _NOTES_SHOWN not in os.environ:
-        print_dropped(dropped)
+        print_notes(notes)
     device = resolve_device(config.trainer.device)
     if needs_own_launch(config.trainer, device.type, torch.cuda.device_count()):
         os.environ[_NOTES_SHOWN] = "1"  # inherited by the launched ranks

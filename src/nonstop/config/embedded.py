@@ -29,13 +29,13 @@ EMBEDDED_RUN_OVERRIDES: tuple[str, ...] = (
 
 
 def run_config(
-    path: str | None, overrides: Sequence[str], dropped: list[Dropped | ConfigNote] | None = None
+    path: str | None, overrides: Sequence[str], notes: list[Dropped | ConfigNote] | None = None
 ) -> NonstopConfig:
     """The config `nonstop train [CONFIG.yaml] [key=value ...]` trains: the file with the overrides, or, without a
     file, the embedded run with the overrides on top. The embedded run's sizes apply only to the built-in task: a
     pasted verl command line that names its own data (`data.train_files=...`) means what it meant in verl, on verl's
-    defaults. Verl keys nonstop drops, and notes on defaults chosen from other keys, are appended to `dropped`."""
+    defaults. Verl keys nonstop drops, and notes on defaults chosen from other keys, are appended to `notes`."""
     own_data = any(o.lstrip("+").startswith("data.train_files=") for o in overrides)
     if path is None and not own_data:
         overrides = [*EMBEDDED_RUN_OVERRIDES, *overrides]
-    return load_config(path, overrides, dropped)
+    return load_config(path, overrides, notes)

@@ -13,16 +13,17 @@ from .assign import ConfigNote, ConfigTree, Dropped, is_section, parse_override
 from .errors import ConfigError
 from .interpolate import resolve
 from .root import NonstopConfig
+from .tail import ROLLOUT_IS, default_rollout_is
 from .tree import build, key_index
 from .unsupported import find_rule
 
 
 def load_config(
-    path: str | None = None, overrides: Iterable[str] = (), dropped: list[Dropped | ConfigNote] | None = None
+    path: str | None = None, overrides: Iterable[str] = (), notes: list[Dropped | ConfigNote] | None = None
 ) -> NonstopConfig:
     """Build the config a run uses; later sources win. Raises ConfigError on any mistake, naming where the key was
     set (the file and line, or the command line). The verl keys accepted without effect, and a note for each default
-    chosen from other keys, are appended to `dropped` when given (`nonstop train` prints them)."""
+    chosen from other keys, are appended to `notes` when given (`nonstop train` prints them)."""
     config = ConfigTree()
     if path is not None:
         data, lines = _read_yaml(path)
@@ -41,38 +42,10 @@ def load_config(
         origin = config.origin_of(e.key)
         raise (ConfigError(f"{e.message} [{origin}]", e.key, e.value) if origin else e) from None
     note = default_rollout_is(built, ROLLOUT_IS in config.origins)
-    if dropped is not None:
-        dropped.extend(config.dropped)
-        dropped.extend([note] if note is not None else [])
+    if notes is not None:
+        notes.extend(config.dropped)
+        notes.extend([note] if note is not None else [])
     return built
-
-
-ROLLOUT_IS = "algorithm.rollout_correction.rollout_is"
-
-
-def default_rollout_is(config: NonstopConfig, is_set: bool) -> ConfigNote | None:
-    """A carry-over that continues sequences across a weight update (`rollout.tail.enable`, under one_step_off or
-    with `tail.max_staleness` > 0) trains responses whose tokens come from several policy versions: token-level
-    truncated importance sampling against their recorded log-probs corrects them. Left unset, `rollout_is` is turned
-    on (`token`) and the note says so; set to null, the note warns that the mixed-version tokens go uncorrected."""
-    tail = config.actor_rollout_ref.rollout.tail
-    if not tail.enable or (config.trainer.mode == "sync" and tail.max_staleness == 0):
-        return None
-    correction = config.algorithm.rollout_correction
-    if not is_set:
-        correction.rollout_is = "token"
-        return ConfigNote(
-            f"note: {ROLLOUT_IS}=token (default with actor_rollout_ref.rollout.tail.enable=True): carried responses "
-            "mix tokens of several policy versions, corrected by token-level truncated importance sampling; "
-            f"{ROLLOUT_IS}=null turns it off"
-        )
-    if correction.rollout_is is None:
-        return ConfigNote(
-            f"warning: {ROLLOUT_IS}=null with actor_rollout_ref.rollout.tail.enable=True: the tokens a carried "
-            f"response took from older weights are trained without importance correction; remove {ROLLOUT_IS} (or "
-            "set it to token) to correct them"
-        )
-    return None
 
 
 def _file_origin(path: str, lines: dict[str, int], key: str) -> str:

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from nonstop.config import NonstopConfig
+from nonstop.config.tail import tail_refusal
 from nonstop.dist import DistInfo
 from nonstop.dist.placement import check_split as check_split_ranks
 
@@ -39,20 +40,9 @@ def check_supported(config: NonstopConfig, ref_model: torch.nn.Module | None) ->
 
 
 def check_tail(config: NonstopConfig) -> None:
-    """`rollout.tail.enable`: the colocated sync and one_step_off loops (async already continues partial rollouts
-    across updates), without DAPO's dynamic sampling."""
-    if not config.actor_rollout_ref.rollout.tail.enable:
-        return
-    key, trainer_cfg = "actor_rollout_ref.rollout.tail.enable=True", config.trainer
-    if trainer_cfg.mode == "async":
-        raise ValueError(
-            f"{key} carries unfinished responses in trainer.mode=sync or one_step_off; trainer.mode=async continues "
-            "them across updates already (async_training.partial_rollout)"
-        )
-    if trainer_cfg.placement == "split":
-        raise ValueError(f"{key} is not supported with trainer.placement=split yet; use trainer.placement=colocate")
-    if config.algorithm.filter_groups.enable:
-        raise ValueError(f"{key} is not supported with algorithm.filter_groups.enable=True (DAPO dynamic sampling) yet")
+    reason = tail_refusal(config)
+    if reason is not None:
+        raise ValueError(reason)
 
 
 def check_data_parallel(config: NonstopConfig, info: DistInfo) -> None:

@@ -88,7 +88,10 @@ def resume_run(trainer: Trainer) -> int | None:
     trainer.nonfinite_streak = state.extra["nonfinite_streak"]
     trainer.scorer.guard.streak = state.extra.get("reward_all_failed_streak", 0)  # absent: saved before the guard ran
     trainer.resumed_metrics_row = state.extra.get("metrics_row")
-    trainer.source.load_state_dict(state.extra["source"])
+    try:
+        trainer.source.load_state_dict(state.extra["source"])
+    except ValueError as e:  # a state the source cannot read says what it lacks; which checkpoint holds it is here
+        raise ValueError(f"cannot resume from {path}: {e}") from None
     trainer.source.publish_weights(state.step)
     if trainer.rank_zero:
         print(f"resumed from {path} (step {state.step})", flush=True)

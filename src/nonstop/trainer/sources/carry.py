@@ -31,7 +31,7 @@ from nonstop.profiling import PhaseRecorder
 from nonstop.trainer.scores import group_prefix
 from nonstop.trainer.sources.base import SourceBase, StepSamples, loader_state
 from nonstop.trainer.sources.batch_fill import BatchFill
-from nonstop.trainer.sources.carry_ranks import Phase, gather_trained, held_back, may_stop, rank_state
+from nonstop.trainer.sources.carry_ranks import Phase, gather_trained, held_back, may_stop, rank_state, saved_ranks
 from nonstop.trainer.sources.generation import EngineGeneration, copy_to_engine
 from nonstop.trainer.sources.groups import Group, GroupRequests
 from nonstop.trainer.sources.overlap import group_samples, staleness_metrics
@@ -188,12 +188,13 @@ class CarrySource(SourceBase):
         return {"next_group": self.next_group, "ranks": all_gather_objects(mine)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        mine = rank_state(state["ranks"], self.dist)
+        next_group, ranks = saved_ranks(state)
+        mine = rank_state(ranks, self.dist)
         super().load_state_dict(mine)
         self.pool.groups = {g.index: g for g in map(Group.from_state, mine["groups"])}
         self.held_scores = {g: scores for g, scores in mine["held_scores"]}
         self.pool.to_continue = [(g, i) for g, i in mine["to_continue"]]
-        self.next_group, self.tail_step_s = state["next_group"], mine["tail_step_s"]
+        self.next_group, self.tail_step_s = next_group, mine["tail_step_s"]
         self.carried = {(g, i) for g, i in mine["carried"]}
 
 

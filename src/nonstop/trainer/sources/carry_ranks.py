@@ -11,7 +11,8 @@ is decided together:
 - the batch: every rank's trained groups are gathered in admission order and the step loop keeps each rank's
   token-balanced share of whole groups (`StepSamples.every_rank`);
 - checkpoints: the paused and held-back groups of every rank, one entry per rank (`rank_state` deals them out
-  again), a held-back group with the scores it was given when it finished.
+  again), a held-back group with the scores it was given when it finished. A checkpoint written before the carry-over
+  ran on several ranks reads as one rank's entry (`saved_ranks`).
 
 On one rank every collective is a no-op and the rules are carry.py's own.
 """
@@ -68,6 +69,32 @@ def gather_trained(trained: list[tuple[Group, list[float]]]) -> tuple[list[Group
     """Every rank's trained groups, each with its samples' scores: the groups in admission order, the scores flat."""
     pairs = sorted((pair for part in all_gather_objects(trained) for pair in part), key=lambda pair: pair[0].index)
     return [g for g, _ in pairs], [x for _, scores in pairs for x in scores]
+
+
+# What a carry-over checkpoint held before it ran on several ranks: one rank's state at the top level, no held scores.
+ONE_RANK_KEYS = ("probe_prompts", "groups", "to_continue", "next_group", "tail_step_s", "carried")
+
+
+def saved_ranks(state: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
+    """A saved carry-over state's admission counter and its entry per rank. One written before several ranks were
+    supported is one rank's entry without held-back groups, which it could not have: that code trained every finished
+    group in its step, so it saved unfinished ones only. A state that is neither is refused, saying what it lacks."""
+    if "ranks" in state:
+        return state["next_group"], state["ranks"]
+    missing = [k for k in ONE_RANK_KEYS if k not in state]
+    if missing:
+        raise ValueError(
+            f"its carry-over state (actor_rollout_ref.rollout.tail.enable) has no 'ranks' (the layout of several "
+            f"ranks) and lacks {missing} of the one-rank layout: it was not written with the carry-over on"
+        )
+    finished = [g["index"] for g in state["groups"] if all(r is not None for r in g["finish_reasons"])]
+    if finished:
+        raise ValueError(
+            f"its carry-over state (actor_rollout_ref.rollout.tail.enable, one-rank layout) holds finished groups "
+            f"{finished} without their scores ('held_scores'); resume from another checkpoint"
+        )
+    entry = {k: state[k] for k in ONE_RANK_KEYS if k != "next_group"}
+    return state["next_group"], [{**entry, "held_scores": []}]
 
 
 def rank_state(saved: list[dict[str, Any]], dist: DistInfo) -> dict[str, Any]:

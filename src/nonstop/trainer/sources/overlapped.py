@@ -70,8 +70,6 @@ class OverlappedSource(SourceBase):
         self.remember_probe([g.prompt.prompt_token_ids for g in groups])
         metrics = self.rollouter.pop_metrics()
         metrics.update(staleness_metrics(batch, version=step - 1, max_staleness=self.max_staleness))
-        if self.rollouter.tail_frac is not None:  # the carry-over's metrics, named as under sync
-            metrics.update(staleness_metrics(batch, step - 1, self.max_staleness, prefix="tail/staleness"))
         with rec("reward"):
             scores_B, _ = generation.scorer.collect(batch, train_prefix(step))
             rewards_B = scores_B + generation.scorer.shaping(batch)
