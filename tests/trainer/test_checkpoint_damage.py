@@ -4,6 +4,7 @@ by other users."""
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import shutil
@@ -84,6 +85,39 @@ def test_the_latest_checkpoint_loads_when_it_is_whole(tmp_path):
     assert (path.name, state.step, warnings) == ("global_step_4", 4, [])
     assert same_weights(model, saved[4])
     assert ckpt.load_latest_checkpoint(tmp_path / "none", model, optimizer) is None
+
+
+def test_on_one_rank_the_fallback_runs_no_collective_and_names_no_rank(tmp_path, monkeypatch):
+    """The single-rank path as it was before the ranks agreed (tests/dist/test_checkpoint_fallback.py): the same
+    warnings, word for word, for a file found truncated and for a read that fails mid-load, and no collective."""
+
+    def no_collective(*args, **kwargs):
+        raise AssertionError("a collective on a single rank")
+
+    monkeypatch.setattr(torch.distributed, "all_gather_object", no_collective)
+    root = tmp_path / "checkpoints"
+    saved = save_steps(root, steps=(2, 4, 6))
+    six, four = root / "global_step_6", root / "global_step_4"
+    truncate(six / "optimizer.safetensors")
+    load_file = ckpt.load_file
+
+    def failing_load_file(file, *args, **kwargs):
+        if file == four / "optimizer.safetensors":
+            raise OSError(errno.EIO, os.strerror(errno.EIO), str(file))
+        return load_file(file, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt, "load_file", failing_load_file)
+    warnings = []
+    model, optimizer = trained(seed=9)
+    path, state = ckpt.load_latest_checkpoint(root, model, optimizer, warn=warnings.append)
+    assert (path.name, state.step) == ("global_step_2", 2) and same_weights(model, saved[2])
+    fallback = "cannot be resumed, trying the one before it"
+    assert warnings[0].startswith(f"checkpoint {six} {fallback}: {six / 'optimizer.safetensors'}: not a complete ")
+    io_error = f"OSError: [Errno {errno.EIO}] {os.strerror(errno.EIO)}: '{four / 'optimizer.safetensors'}'"
+    assert warnings[1:] == [
+        f"checkpoint {four} {fallback}: checkpoint {four} cannot be loaded ({io_error})",
+        f"resuming from {root / 'global_step_2'}, the newest checkpoint that loads; 2 newer one(s) skipped",
+    ]
 
 
 def test_when_no_checkpoint_loads_the_resume_stops_instead_of_starting_over(tmp_path):

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from nonstop.dist.process_group import current
+
+T = TypeVar("T")
 
 
 def all_reduce_sum_(tensor: torch.Tensor) -> torch.Tensor:
@@ -43,6 +46,47 @@ def all_gather_objects(obj: Any) -> list[Any]:
     gathered: list[Any] = [None] * info.world_size
     dist.all_gather_object(gathered, obj, group=info.group)
     return gathered
+
+
+def on_every_rank(action: Callable[[], T], expected: type[Exception]) -> T:
+    """`action()` on this rank, its outcome agreed by all: its result when it succeeded on every rank, else an error on
+    every rank. One all-gather per call on every rank, whatever happened, so a rank that failed never leaves the others
+    waiting in a collective it skipped (a DCP load), and ranks that act on the outcome (fall back, stop) act together.
+    When every failure is an `expected` error, each rank raises `expected(message)`, the message naming each rank's
+    failure (`_by_rank`); otherwise a rank that failed re-raises its own error and the others raise a
+    RuntimeError naming the ranks that failed. A single rank: no collective, and an error is raised unchanged."""
+    result, error = None, None
+    try:
+        result = action()
+    except Exception as e:
+        error = e
+    if not current().distributed:
+        if error is not None:
+            raise error
+        return result
+    verdict = None if error is None else (isinstance(error, expected), str(error))
+    verdicts = all_gather_objects(verdict)
+    failed = {rank: v for rank, v in enumerate(verdicts) if v is not None}
+    if not failed:
+        return result
+    message = _by_rank({rank: text for rank, (_, text) in failed.items()}, len(verdicts))
+    if all(is_expected for is_expected, _ in failed.values()):
+        raise expected(message) from error
+    if error is not None and not isinstance(error, expected):
+        raise error
+    raise RuntimeError(f"stopped with the ranks that failed: {message}") from error
+
+
+def _by_rank(messages: dict[int, str], world_size: int) -> str:
+    """`rank 1: <message>`, ranks with the same message together (`ranks 0, 2: ...`), joined by `; `; the message
+    alone when every one of `world_size` ranks reports it (a file all ranks read, damaged for all)."""
+    ranks: dict[str, list[int]] = {}
+    for rank, text in sorted(messages.items()):
+        ranks.setdefault(text, []).append(rank)
+    if len(ranks) == 1 and len(messages) == world_size:
+        return next(iter(ranks))
+    named = {text: ("rank " if len(r) == 1 else "ranks ") + ", ".join(map(str, r)) for text, r in ranks.items()}
+    return "; ".join(f"{named[text]}: {text}" for text in ranks)
 
 
 def send_object(obj: Any, dst: int, group: Any) -> None:

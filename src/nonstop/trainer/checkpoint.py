@@ -22,7 +22,9 @@ atomically after that, so a crash mid-save leaves the previous checkpoint as the
 tensors are safetensors, the rest JSON, and DCP's metadata goes through a reader that builds only its own classes
 (dist/checkpoint.py). Before anything is loaded every file is checked (safetensors headers against file sizes, JSON
 parsed, DCP shards against their metadata), so a truncated file is a `CheckpointError` naming it; resuming then
-falls back to the checkpoint before it, with a warning (`load_latest_checkpoint`).
+falls back to the checkpoint before it, with a warning (`load_latest_checkpoint`). On several ranks each rank checks
+and loads its part and the ranks agree after every step of the load, so a file that only one rank cannot read (its
+own disk, an I/O error) sends every rank back to the same checkpoint, and the error names the rank.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -46,6 +48,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from nonstop.dist import barrier, current
 from nonstop.dist.checkpoint import SHARDED_DIR, CheckpointError, load_sharded, save_sharded, verify_sharded
+from nonstop.dist.collectives import all_gather_objects, on_every_rank
 from nonstop.dist.fsdp import is_sharded, shard_like
 from nonstop.models.critic_model import CriticModel, save_critic_model
 from nonstop.models.hf_loader import check_safetensors, iter_safetensors, safetensors_files
@@ -56,6 +59,7 @@ from nonstop.models.save import save_hf, save_hf_config, save_safetensors
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 CRITIC_DIR = "critic"
+T = TypeVar("T")
 
 
 @dataclass
@@ -193,27 +197,61 @@ def load_checkpoint(
     critic: tuple[CriticModel, torch.optim.Optimizer] | None = None,
 ) -> TrainingState:
     """Restore weights and optimizer (and the critic's) in place and the global RNGs; returns the rest for the
-    trainer to apply. A truncated or corrupt file is a CheckpointError naming it, found before anything is loaded."""
+    trainer to apply. A truncated or corrupt file is a CheckpointError naming it, found before anything is loaded.
+    On several ranks a collective in steps every rank takes in the same order, each agreed by all (`on_every_rank`):
+    a failure on any rank is the same CheckpointError on every rank, naming the file(s) and the rank(s), so no rank
+    waits in DCP's load for one that gave up, and a resume falls back on every rank together."""
     path = Path(path)
+    trainer_state, rng = _agreed(path, lambda: _read_small_files(path))
+    _agreed(path, lambda: _load_model(path, model, optimizer, trainer_state))
+    if critic is not None:
+        _agreed(path, lambda: _load_critic(path, trainer_state, *critic))
+    return _agreed(path, lambda: _restore_state(rng, trainer_state))
+
+
+def _agreed(path: Path, action: Callable[[], T]) -> T:
+    """One step of loading `path`, agreed by every rank; what a damaged file raises mid-load becomes a CheckpointError
+    naming the checkpoint (DCP's report, which every rank gets and which names the ranks that failed, on one line)."""
+
+    def naming_damage() -> T:
+        try:
+            return action()
+        except (OSError, KeyError, SafetensorError) as e:
+            raise CheckpointError(f"checkpoint {path} cannot be loaded ({type(e).__name__}: {e})") from e
+        except CheckpointException as e:  # a BaseException
+            failed = "; ".join(f"rank {r}: {type(x).__name__}: {x}" for r, (x, _) in sorted(e.failures.items()))
+            raise CheckpointError(f"checkpoint {path} cannot be loaded (DCP's load failed on {failed})") from e
+
+    return on_every_rank(naming_damage, CheckpointError)
+
+
+def _read_small_files(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Every file checked (`verify_checkpoint`), then the trainer state and the RNG tensors read: all of a rank's own
+    reads that precede the loads, which on several ranks are collectives (DCP)."""
     verify_checkpoint(path)
-    try:
-        trainer_state = json.loads((path / "trainer_state.json").read_text())
-        if (path / SHARDED_DIR).is_dir():
-            load_sharded(path / SHARDED_DIR, model, optimizer)
-        else:
-            _load_unsharded(path, model, optimizer, trainer_state)
-        if critic is not None:
-            _load_critic(path, trainer_state, *critic)
-        _restore_rngs(load_file(path / "rng.safetensors"), trainer_state)
-        return TrainingState(
-            step=trainer_state["step"],
-            scheduler=trainer_state["scheduler"],
-            train_loader=trainer_state["train_loader"],
-            val_loader=trainer_state["val_loader"],
-            extra=trainer_state["extra"],
-        )
-    except (OSError, KeyError, SafetensorError, CheckpointException) as e:  # what a damaged file raises mid-load
-        raise CheckpointError(f"checkpoint {path} cannot be loaded ({type(e).__name__}: {e})") from e
+    return json.loads((path / "trainer_state.json").read_text()), load_file(path / "rng.safetensors")
+
+
+def _load_model(
+    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer_state: dict[str, Any]
+) -> None:
+    if (path / SHARDED_DIR).is_dir():
+        load_sharded(path / SHARDED_DIR, model, optimizer)
+    else:
+        _load_actor(path, model)
+        tensors = load_file(path / "optimizer.safetensors")
+        _load_optimizer(optimizer, tensors, trainer_state["optimizer_param_groups"])
+
+
+def _restore_state(rng: dict[str, torch.Tensor], trainer_state: dict[str, Any]) -> TrainingState:
+    _restore_rngs(rng, trainer_state)
+    return TrainingState(
+        step=trainer_state["step"],
+        scheduler=trainer_state["scheduler"],
+        train_loader=trainer_state["train_loader"],
+        val_loader=trainer_state["val_loader"],
+        extra=trainer_state["extra"],
+    )
 
 
 def verify_checkpoint(path: Path) -> None:
@@ -287,10 +325,14 @@ def load_latest_checkpoint(
 ) -> tuple[Path, TrainingState] | None:
     """`trainer.resume_mode=auto`: load the newest checkpoint under `root` that loads; None when there is none. One
     with a truncated or corrupt file is skipped with a warning naming the file, and the one before it is loaded (a
-    load replaces every weight, moment and RNG state, so nothing of the failed one remains). A CheckpointError when
-    checkpoints exist and none loads: starting over would overwrite the run."""
+    load replaces every weight, moment and RNG state, so nothing of the failed one remains). On several ranks every
+    rank walks the same candidates and a checkpoint loads only where every rank could read its part
+    (`load_checkpoint`), so all resume from one step. A CheckpointError when checkpoints exist and none loads: starting
+    over would overwrite the run."""
     failures = []
-    for path in resume_candidates(root, warn):
+    # Rank 0's steps, under each rank's own `root`: every rank walks the same list (and may read node-local copies).
+    names = all_gather_objects([path.name for path in resume_candidates(root, warn)])[0]
+    for path in (root / name for name in names):
         try:
             state = load_checkpoint(path, model, optimizer, critic)
         except CheckpointError as e:
@@ -303,14 +345,6 @@ def load_latest_checkpoint(
     if failures:
         raise CheckpointError(f"no checkpoint under {root} can be resumed: " + "; ".join(failures))
     return None
-
-
-def _load_unsharded(
-    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer_state: dict[str, Any]
-) -> None:
-    _load_actor(path, model)
-    tensors = load_file(path / "optimizer.safetensors")
-    _load_optimizer(optimizer, tensors, trainer_state["optimizer_param_groups"])
 
 
 def _load_actor(path: Path, model: torch.nn.Module) -> None:

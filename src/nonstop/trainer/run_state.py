@@ -60,8 +60,9 @@ def save_run(trainer: Trainer, step: int, metrics_row: dict[str, float] | None =
 def resume_run(trainer: Trainer) -> int | None:
     """Load the checkpoint `trainer.resume_mode` names and publish its weights; returns its step, or None when
     starting fresh. `auto` takes the newest checkpoint that loads: one with a truncated or corrupt file is skipped
-    with a warning naming the file (`load_latest_checkpoint`), and the run goes on from the one before it; a
-    `resume_path` checkpoint is the user's choice, so a damaged one is an error."""
+    with a warning naming the file (`load_latest_checkpoint`), and the run goes on from the one before it (on several
+    ranks all of them together: a file one rank cannot read is skipped for all, naming the rank); a `resume_path`
+    checkpoint is the user's choice, so a damaged one is an error."""
     trainer_cfg = trainer.config.trainer
     if trainer_cfg.resume_mode == "disable":
         return None
@@ -72,7 +73,7 @@ def resume_run(trainer: Trainer) -> int | None:
             raise ValueError(f"trainer.resume_from_path={str(path)!r} is not a checkpoint directory")
         state = load_checkpoint(path, trainer.model, trainer.actor.optimizer, critic=critic)
     else:
-        warn = warn_on_stderr if trainer.rank_zero else _silent  # every rank finds the same files damaged
+        warn = warn_on_stderr if trainer.rank_zero else _silent  # the ranks agree: every one has the same messages
         found = load_latest_checkpoint(trainer.ckpt_root, trainer.model, trainer.actor.optimizer, critic, warn)
         if found is None:
             return None
