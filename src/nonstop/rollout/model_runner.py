@@ -195,7 +195,7 @@ class ModelRunner:
             num_prefix_slots=MAX_PREFIX_SPLITS,
         )
 
-    def _stage_stop_mask(self, banned: list[tuple[int, int]] | None, mask_RV: Tensor, num_rows: int) -> None:
+    def stage_stop_mask(self, banned: list[tuple[int, int]] | None, mask_RV: Tensor, num_rows: int) -> None:
         """A launch's min_tokens bans, (row, token) pairs, into the first `num_rows` rows of `mask_RV` (padding rows
         ban nothing)."""
         if not banned:
@@ -350,7 +350,7 @@ class ModelRunner:
             # Before the upload: capturing overwrites the buffer's decode rows.
             self.graphs.capture(shape)
         self.buffers.upload(num_block_table_rows=plan.bucket)  # the launch's one host-to-device copy
-        self._stage_stop_mask(plan.banned, self.stop_mask_RV, R)
+        self.stage_stop_mask(plan.banned, self.stop_mask_RV, R)
         self.planner.in_flight_rows = (S, R) if K > 1 else None
         if plan.use_graph:
             self.graphs.replay(shape)

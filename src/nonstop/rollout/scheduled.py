@@ -23,9 +23,8 @@ class ScheduledBatch:
     # `num_new_tokens`' 1); None for a single step.
     num_steps: list[int] | None = None
     # A verify launch (speculative decoding, rollout/spec/rounds.py): its rounds (0: not one), and per sequence the
-    # length it may reach (prompt + max_tokens) and the positions its reserved KV blocks cover for the rounds.
+    # positions its reserved KV blocks cover for the rounds.
     num_rounds: int = 0
-    max_lengths: list[int] | None = None
     kv_capacity: list[int] | None = None
 
     @property
@@ -103,6 +102,5 @@ class StepResult:
     forked: list[Sequence] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) KV blocks to copy now
     sampled: SampledRows = field(default_factory=SampledRows)
-    # A verify launch: per sequence, its draft tokens kept, and the rounds in which it was live.
-    accepted: list[int] = field(default_factory=list)
+    # A verify launch: per sequence, the rounds in which it was live.
     rounds: list[int] = field(default_factory=list)

@@ -271,7 +271,6 @@ class Scheduler:
         for seq, cap in zip(batch.seqs, caps, strict=True):
             bm.allocate(seq, cap - seq.num_cached_tokens)
         batch.num_rounds, batch.kv_capacity = num_rounds, caps
-        batch.max_lengths = [seq.max_num_tokens for seq in batch.seqs]
 
     def preempt(self, seq: Sequence) -> None:
         self.block_manager.deallocate(seq)
@@ -303,7 +302,7 @@ class Scheduler:
             seq.output_logprobs += lps
             seq.num_cached_tokens = len(seq.token_ids) - 1
             kept.append((seq, start, ids, lps))
-        result.accepted, result.rounds = rounds.accepted, rounds.live_rounds
+        result.rounds = rounds.live_rounds
         rows, ids_R, lps_R = result.sampled, [], []
         for j in range(max(len(ids) for _, _, ids, _ in kept)):
             for seq, start, ids, lps in kept:

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
 from nonstop.config.rollout import SpeculativeConfig
-from nonstop.models.transfer import host_to_device
 from nonstop.rollout.scheduled import ScheduledBatch
 from nonstop.rollout.sequence import Sequence
 from nonstop.rollout.spec.history import ResponseHistory
@@ -75,7 +73,7 @@ class VerifyLauncher:
             graphs.capture(shape)  # before the upload: capturing overwrites the staged device rows
         self.planner.fields.upload()
         self.streams.upload()
-        self._stage_stop_mask(plan.banned, shape.num_rows)
+        self.runner.stage_stop_mask(plan.banned, self.stop_mask_TV, shape.num_rows)
         if plan.use_graph:
             graphs.replay(shape)
         else:
@@ -87,16 +85,6 @@ class VerifyLauncher:
             self.copied.record(torch.cuda.current_stream(self.runner.device))
         values = host.view(shape.num_steps, -1)
         return VerifyStep(values, self.copied, plan.num_rows, shape.num_rows // shape.num_query, shape.num_query)
-
-    def _stage_stop_mask(self, banned: list[tuple[int, int]], num_slots: int) -> None:
-        if not banned:
-            return
-        V = self.stop_mask_TV.shape[1]
-        flat = host_to_device(torch.as_tensor(np.asarray([t * V + v for t, v in banned], dtype=np.int64)),
-                              self.runner.device)  # fmt: skip
-        mask = self.stop_mask_TV[:num_slots]
-        mask.zero_()
-        mask.view(-1).index_fill_(0, flat, True)  # a scalar fill: no synchronizing copy of a host True
 
     def launch(self, shape: LaunchShape) -> None:
         """The launch's device work on the staged inputs (what `DecodeGraphs` captures for its shape)."""

@@ -76,7 +76,7 @@ class RoundPlanner:
         host["last_token"][:N] = batch.first_token_ids
         host["cached"][:N] = cached_N
         host["prompt_len"][:N] = r.num_prompt_tokens[rows_N]
-        host["max_len"][:N] = batch.max_lengths
+        host["max_len"][:N] = [seq.max_num_tokens for seq in seqs]
         host["kv_cap"][:N] = batch.kv_capacity
         host["own"][:N] = own_N
         host["live"][:N] = 1
@@ -87,7 +87,7 @@ class RoundPlanner:
         stops = host["stop_ids"][:N]
         stops[:] = -1
         for n, seq in enumerate(seqs):
-            ids = sorted(seq.stop_token_ids)[:MAX_STOP_IDS] if len(seq.stop_token_ids) <= MAX_STOP_IDS else []
+            ids = sorted(seq.stop_token_ids) if len(seq.stop_token_ids) <= MAX_STOP_IDS else []
             stops[n, : len(ids)] = ids
         temperature_N, top_k_N, top_p_N = r.temperature[rows_N], r.top_k[rows_N], r.top_p[rows_N]
         for name, value_N in (("temperature", temperature_N), ("top_k", top_k_N), ("top_p", top_p_N),
@@ -103,9 +103,10 @@ class RoundPlanner:
             ids = [v for v in r.min_tokens_banned_ids[rows_N[n]] if v < V]
             banned += [(n * Q + j, v) for j in range(Q) for v in ids]
         sampled_N = temperature_N > 0
-        window = min(max(MIN_WINDOW, 1 << (longest + num_rounds * Q - 1).bit_length()), self.streams.capacity)
         if self.fields.device.type == "cuda":
             window, G = 0, 0  # the CUDA drafter reads each stream's length and count: no graph per window
+        else:
+            window = min(max(MIN_WINDOW, 1 << (longest + num_rounds * Q - 1).bit_length()), self.streams.capacity)
         shape = LaunchShape(NB * Q, num_rounds, 0, 0, bool(banned), not sampled_N.any(),
                             bool((sampled_N & (top_k_N > 0)).any()), bool((sampled_N & (top_p_N < 1)).any()), Q,
                             window, G)  # fmt: skip

@@ -48,7 +48,8 @@ class DraftStreams:
             self.members.setdefault(seq.request_id, {})
         # Running rows first: every row needs its own stream; siblings and history only where slots remain.
         for seq in seqs:
-            assert self._slot(seq) is not None, "fewer stream slots than verify rows"
+            slot = self._slot(seq)
+            assert slot is not None, "fewer stream slots than verify rows"
         for request_id, seq in requests.items():
             if request_id not in self.past:  # a request met for the first time: its prompt's earlier responses
                 past = self.past[request_id] = []
