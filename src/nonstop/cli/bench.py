@@ -20,6 +20,7 @@ BENCHMARKS = {
     "prefix": "nonstop.bench.prefix",
     "rollout": "nonstop.bench.rollout",
     "spec": "nonstop.bench.spec",
+    "spec-steps": "nonstop.bench.spec_steps",
     "trainer": "nonstop.bench.trainer_step",
     "trl-parity": "nonstop.bench.trl_parity.cli",
 }
