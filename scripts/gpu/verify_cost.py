@@ -117,7 +117,7 @@ def measure(model, rows: int, drafts: int | None, tokens: int, K: int, timers: T
     kwargs = {}
     if drafts is not None:
         kwargs["speculative_config"] = {"method": "suffix", "draft_rule": "always", "num_speculative_tokens": drafts,
-                                        "disable_by_batch_size": rows}  # fmt: skip
+                                        "disable_by_batch_size": rows, "verify_token_budget": 0}  # fmt: skip
     llm = LLM(model, max_num_seqs=rows, gpu_memory_utilization=0.3, num_scheduler_steps=K, **kwargs)
     if drafts is not None:
         llm.llm_engine.model_runner.verify.drafter = full_drafter

@@ -156,6 +156,31 @@ def test_max_tokens_reached_mid_draft(llama):
     assert llm.stats.num_verify_tokens == 4 * len(samples(out))
 
 
+@pytest.mark.parametrize(("budget", "draft"), [(25, 1), (30, 2)])
+def test_the_token_budget_narrows_a_wide_launch(llama, budget, draft):
+    """Ten rows, four draft tokens each would be 50 tokens a round; a budget of 25 (30) leaves room for one (two) draft
+    tokens a row. Greedy output is still plain decoding's."""
+    _, model = llama
+    prompts = random_prompts(LENGTHS, seed=5)
+    plain = LLM(model, block_size=4).generate(prompts, GREEDY)
+    drafter = PartlyWrongDrafter.from_outputs(prompts, plain, V, wrong_every=0)
+    llm = speculative_llm(model, drafter, num_speculative_tokens=4, block_size=4,
+                          speculative_config={"verify_token_budget": budget})  # fmt: skip
+    assert samples(llm.generate(prompts, GREEDY)) == samples(plain)
+    assert drafter.drafts and max(len(d) for _, d in drafter.drafts) == draft
+    # Every draft token kept: each row's 11 tokens after the prefill's one take ceil(11 / (1 + draft)) rounds.
+    stats = llm.stats
+    assert stats.num_verify_tokens == 10 * 11 and stats.num_verify_seqs == 10 * -(-11 // (1 + draft))
+
+
+def test_num_query_for_rows_within_the_budget(llama):
+    _, model = llama
+    launcher = speculative_llm(model, num_speculative_tokens=8).llm_engine.model_runner.verify
+    assert [launcher.num_query_for(rows) for rows in (1, 8, 28, 32, 64, 100, 200)] == [9, 9, 9, 8, 4, 2, 2]
+    launcher.token_budget = 0
+    assert launcher.num_query_for(200) == 9
+
+
 def test_a_pipelined_plain_step_is_timed_by_its_period_not_its_latency(llama, monkeypatch):
     """Under async scheduling a plain step is read one call after its launch, behind the next launch: launch to read
     spans two steps. The draft rule weighs a verify step (launched and read in one call) against a plain step's

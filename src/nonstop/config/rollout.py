@@ -52,6 +52,12 @@ class SpeculativeConfig:
         "Verify only while at most this many sequences run (larger decode batches are compute-bound: a verify round "
         "costs about its tokens there)",
     )
+    verify_token_budget: int = option(
+        256,
+        "(nonstop) Most tokens a verify round computes (rows x (1 + draft tokens), rows counted as their CUDA-graph "
+        "bucket): a launch of many rows drafts fewer tokens per row (at least 1), since past the forward's "
+        "memory-bound floor each token costs compute; 0 = no cap",
+    )
     draft_rule: str = option(
         "auto",
         "(nonstop) auto = verify where the kept tokens and the measured round and step times say a verify launch pays "
@@ -70,6 +76,7 @@ class SpeculativeConfig:
         check_choice("draft_rule", self.draft_rule, DRAFT_RULES)
         for name in ("num_speculative_tokens", "disable_by_batch_size", "prompt_lookup_max", "prompt_lookup_min"):
             check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
+        check(self.verify_token_budget >= 0, "verify_token_budget", self.verify_token_budget, "must be >= 0")
         check(
             self.prompt_lookup_min <= self.prompt_lookup_max,
             "prompt_lookup_min",

@@ -173,7 +173,7 @@ class LLMEngine:
         stats, rounds, spec = self.scheduler.stats, None, self.speculator
         if spec is not None and spec.wants_verify(self.scheduler):
             outputs += self._process_in_flight()  # the rounds draft from every token of the running sequences
-            rounds = (self.num_scheduler_steps, self.model_runner.verify.num_query)
+            rounds = (self.num_scheduler_steps, self.model_runner.verify.num_query_for(len(self.scheduler.running)))
             start = time.perf_counter()  # a verify launch's time: scheduling, launch, read, host work
         batch = self.scheduler.schedule(rounds)
         if not batch.seqs and self.in_flight is None:

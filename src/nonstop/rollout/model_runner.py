@@ -104,11 +104,11 @@ class ModelRunner:
 
         graph_rows = [s for s in graph_sizes or () if s <= self.verify_rows]
         eager_rows = range(1 + max(graph_rows, default=0), self.verify_rows + 1)
-        Q = self.verify.num_query
         block_tables = self.verify.planner.fields.dev["block_tables"]
         lens = torch.zeros(self.verify_rows, dtype=torch.int32, device=self.device)
+        shapes = [(rows, self.verify.num_query_for(rows)) for rows in [*graph_rows, *eager_rows]]
         compile_verify_variants(self.dtype, self.config.num_attention_heads, self.k_caches[0], block_tables, lens,
-                                lens, [(rows, Q) for rows in [*graph_rows, *eager_rows]])  # fmt: skip
+                                lens, shapes)  # fmt: skip
         torch.cuda.synchronize(self.device)
 
     @property

@@ -22,9 +22,10 @@ class ScheduledBatch:
     # Multi-step decode: how many decode steps each sequence runs in this launch (1..k, its first token is
     # `num_new_tokens`' 1); None for a single step.
     num_steps: list[int] | None = None
-    # A verify launch (speculative decoding, rollout/spec/rounds.py): its rounds (0: not one), and per sequence the
-    # positions its reserved KV blocks cover for the rounds.
+    # A verify launch (speculative decoding, rollout/spec/rounds.py): its rounds (0: not one), query slots per row,
+    # and per sequence the positions its reserved KV blocks cover for the rounds.
     num_rounds: int = 0
+    num_query: int = 0
     kv_capacity: list[int] | None = None
 
     @property

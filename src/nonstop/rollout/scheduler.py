@@ -270,7 +270,7 @@ class Scheduler:
             return
         for seq, cap in zip(batch.seqs, caps, strict=True):
             bm.allocate(seq, cap - seq.num_cached_tokens)
-        batch.num_rounds, batch.kv_capacity = num_rounds, caps
+        batch.num_rounds, batch.num_query, batch.kv_capacity = num_rounds, num_query, caps
 
     def preempt(self, seq: Sequence) -> None:
         self.block_manager.deallocate(seq)

@@ -38,7 +38,8 @@ def verify_capacity(spec: SpeculativeConfig, max_num_seqs: int, graph_sizes: lis
 class VerifyLauncher:
     def __init__(self, runner, spec: SpeculativeConfig, max_rows: int, max_rounds: int):
         self.runner = runner
-        self.num_query = 1 + spec.num_speculative_tokens
+        self.num_query = 1 + spec.num_speculative_tokens  # the most query slots a row takes
+        self.token_budget = spec.verify_token_budget
         device, vocab = runner.device, runner.config.vocab_size
         self.history = ResponseHistory(spec.suffix_decoding_max_cached_requests)
         self.streams = DraftStreams(SLOTS_PER_ROW * max_rows, runner.max_model_len, device, self.history)
@@ -63,10 +64,18 @@ class VerifyLauncher:
     def graphs(self, graphs) -> None:
         self.planner.graphs = graphs
 
+    def num_query_for(self, num_rows: int) -> int:
+        """Query slots per row (1 + draft tokens) of a launch of `num_rows` rows: the most that keep the padded rows'
+        tokens within `verify_token_budget`, between 2 and `num_query`."""
+        if not self.token_budget:
+            return self.num_query
+        rows = self.graphs.bucket(num_rows) if self.planner.fits_graph(num_rows) else num_rows
+        return max(2, min(self.num_query, self.token_budget // max(rows, 1)))
+
     def launch_batch(self, batch: ScheduledBatch, group_of: Callable[[Sequence], list[Sequence]]) -> VerifyStep:
         """Plan, upload, run (replaying its CUDA graph, captured first if new) and queue the read-back of a verify
         launch; nothing waits for the device."""
-        plan = self.planner.plan(batch, group_of, batch.num_rounds)
+        plan = self.planner.plan(batch, group_of, batch.num_rounds, batch.num_query)
         shape = plan.shape
         graphs = self.graphs
         if plan.use_graph and not graphs.has(shape):
@@ -96,7 +105,7 @@ class VerifyLauncher:
 
     def pad_for_capture(self, shape: LaunchShape) -> None:
         """Every row of the shape a padding row, so a capture's warm-up and recording write only scratch."""
-        self.planner.pad(self.planner.fields.dev, 0, shape.num_rows // shape.num_query)
+        self.planner.pad(self.planner.fields.dev, 0, shape.num_rows // shape.num_query, shape.num_query)
 
     def kept(self, seqs: list[Sequence]) -> None:
         self.streams.kept(seqs)

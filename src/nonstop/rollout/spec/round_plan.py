@@ -62,8 +62,10 @@ class RoundPlanner:
         graphs = self.graphs
         return graphs is not None and graphs.fits(num_rows) and graphs.bucket(num_rows) <= self.max_rows
 
-    def plan(self, batch: ScheduledBatch, group_of: Callable[[Sequence], list[Sequence]], num_rounds: int) -> RoundPlan:
-        seqs, N, Q = batch.seqs, len(batch.seqs), self.num_query
+    def plan(self, batch: ScheduledBatch, group_of: Callable[[Sequence], list[Sequence]], num_rounds: int,
+             num_query: int) -> RoundPlan:  # fmt: skip
+        seqs, N, Q = batch.seqs, len(batch.seqs), num_query
+        assert 2 <= Q <= self.num_query
         host = self.fields.host_fields()
         rows_N = self.rows.sync(seqs)
         use_graph = self.fits_graph(N)
@@ -94,7 +96,7 @@ class RoundPlanner:
                               ("seed", r.seed[rows_N]), ("sample_index", r.sample_index[rows_N]),
                               ("min_tokens", r.min_tokens[rows_N])):  # fmt: skip
             host[name][: N * Q] = np.repeat(value_N, Q)
-        self.pad(host, N, NB)
+        self.pad(host, N, NB, Q)
         # min_tokens: the banned tokens of every slot of a row still short of it at the launch's start (the rounds
         # lift the ban slot by slot as the row's output grows).
         V, banned = self.vocab_size, []
@@ -112,10 +114,10 @@ class RoundPlanner:
                             window, G)  # fmt: skip
         return RoundPlan(shape, use_graph, N, banned)
 
-    def pad(self, fields: dict, start: int, end: int) -> None:
-        """Rows [start, end) of the fields (staging numpy views or device views) as padding: not live, token 0 at
-        position 0 over the scratch block and stream, sampled greedily."""
-        Q, scratch = self.num_query, self.streams.scratch
+    def pad(self, fields: dict, start: int, end: int, Q: int) -> None:
+        """Rows [start, end) of the fields (staging numpy views or device views; `Q` query slots a row) as padding:
+        not live, token 0 at position 0 over the scratch block and stream, sampled greedily."""
+        scratch = self.streams.scratch
         for name, value in (("last_token", 0), ("cached", 0), ("max_len", 2), ("kv_cap", 0), ("prompt_len", 0),
                             ("own", scratch), ("live", 0)):  # fmt: skip
             fields[name][start:end] = value
