@@ -6,17 +6,21 @@
 #   (a) the GPU tests of speculative decoding and of the verify kernel
 #   (b) `nonstop bench spec` on the untrained model: T 0.6 / 1.0 x 8 / 64 / 256 sequences (1 / 8 / 32 prompts x 8)
 #   (c) a short GRPO run on GSM8K (a lower-entropy checkpoint, as a policy mid-run) and `bench spec` on it at T 1.0
-#   (d) sync GRPO steps from that checkpoint without and with speculation: timing_s/gen and timing_s/step
-# $OUT gets summary.txt, bench_untrained.json, bench_trained.json, grpo_ab.json and logs.tgz (every log).
-# SKIP_TESTS=1 skips (a). STEPS (GRPO steps of (c), default 15), LR (its learning rate, default 1e-5), AB_STEPS
-# (steps per side of (d), default 4), TEMPS, PROMPTS and REPEATS (of (b), default 0.6,1.0, 1,8,32 and 3) change the sizes;
-# AB_FROM=untrained skips (c) and runs (d) from MODEL. Each side of (d) leaves its metrics.jsonl in $OUT.
+#   (d) sync GRPO steps from that checkpoint with and without speculation, in one run (`nonstop bench spec-steps`):
+#       timing_s/gen and timing_s/step per side, paired
+# $OUT gets summary.txt, bench_untrained.json, bench_trained.json, spec_steps.json and logs.tgz (every log).
+# SKIP_TESTS=1, SKIP_BENCH=1 (both benches), SKIP_TRAIN=1 (the checkpoint of an earlier call on this machine),
+# SKIP_AB=1 skip parts. STEPS (GRPO steps of (c), default 15), LR (its learning rate, default 1e-5), AB_PAIRS (timed pairs of (d),
+# default 4), TEMPS, PROMPTS and REPEATS (of (b), default 0.6,1.0, 1,8,32 and 3), TRAINED_REPEATS (default 2) change
+# the sizes; SPEC="key=value ..." sets speculative config keys everywhere; AB_FROM=untrained skips (c) and runs (d)
+# from MODEL.
 source "$(dirname "$0")/common.sh"
 MODEL=${1:-$HOME/SmolLM2-135M-Instruct.Q4_1.gguf}
 DATA=${2:-.data/gsm8k}
 STEPS=${STEPS:-15}
 LR=${LR:-1e-5}
-AB_STEPS=${AB_STEPS:-4}
+AB_PAIRS=${AB_PAIRS:-4}
+read -r -a SPEC <<< "${SPEC:-}"
 [ -f "$MODEL" ] || { echo "no model at $MODEL"; exit 1; }
 python3 -m nonstop data gsm8k --source "$DATA" --out /tmp/gsm8k > "$OUT/data.log" 2>&1 || { cat "$OUT/data.log"; exit 1; }
 TRAIN=(python3 -m nonstop train examples/gsm8k_smollm2.yaml data.train_files=/tmp/gsm8k/train.parquet
@@ -25,28 +29,24 @@ TRAIN=(python3 -m nonstop train examples/gsm8k_smollm2.yaml data.train_files=/tm
 
 [ -n "${SKIP_TESTS:-}" ] || gpu_test tests 180 tests/rollout/test_spec_gpu.py tests/kernels/test_paged_verify.py tests/kernels/test_suffix_match.py tests/kernels/test_verify_round.py
 
-t bench_untrained 180 python3 -m nonstop bench spec --model "$MODEL" --data "$DATA/train.jsonl" \
+[ -n "${SKIP_BENCH:-}" ] || t bench_untrained 180 python3 -m nonstop bench spec --model "$MODEL" --data "$DATA/train.jsonl" \
   --temperatures "${TEMPS:-0.6,1.0}" --prompts "${PROMPTS:-1,8,32}" --repeats "${REPEATS:-3}" \
-  --out "$OUT/bench_untrained.json"
+  --out "$OUT/bench_untrained.json" ${SPEC[@]:+--spec "${SPEC[@]}"}
 
 RUN=/tmp/runs/spec_train
+CKPT=$RUN/checkpoints/global_step_$STEPS/actor
 if [ "${AB_FROM:-}" = untrained ]; then
   CKPT=$MODEL
-else
+elif [ -z "${SKIP_TRAIN:-}" ]; then
   t train 240 "${TRAIN[@]}" actor_rollout_ref.model.path="$MODEL" trainer.total_training_steps="$STEPS" \
     trainer.save_freq="$STEPS" trainer.default_local_dir="$RUN" actor_rollout_ref.actor.optim.lr="$LR"
-  CKPT=$RUN/checkpoints/global_step_$STEPS/actor
 fi
 if [ -e "$CKPT" ]; then
-  [ "$CKPT" = "$MODEL" ] || t bench_trained 120 python3 -m nonstop bench spec --model "$CKPT" --data "$DATA/train.jsonl" \
-    --temperatures 1.0 --prompts 1,8,32 --repeats 2 --out "$OUT/bench_trained.json"
-  for side in plain spec; do
-    extra=()
-    [ "$side" = spec ] && extra=(actor_rollout_ref.rollout.speculative.method=suffix)
-    t "grpo_$side" 150 "${TRAIN[@]}" actor_rollout_ref.model.path="$CKPT" trainer.total_training_steps="$AB_STEPS" \
-      trainer.save_freq=-1 trainer.default_local_dir="/tmp/runs/grpo_$side" "${extra[@]}"
-    cp "/tmp/runs/grpo_$side/metrics.jsonl" "$OUT/grpo_$side.metrics.jsonl" 2>/dev/null
-  done
+  [ "$CKPT" = "$MODEL" ] || [ -n "${SKIP_BENCH:-}" ] || t bench_trained 120 python3 -m nonstop bench spec --model "$CKPT" --data "$DATA/train.jsonl" \
+    --temperatures 1.0 --prompts 1,8,32 --repeats "${TRAINED_REPEATS:-2}" --out "$OUT/bench_trained.json" ${SPEC[@]:+--spec "${SPEC[@]}"}
+  [ -n "${SKIP_AB:-}" ] || t spec_steps 240 python3 -m nonstop bench spec-steps examples/gsm8k_smollm2.yaml --warmup 4 --pairs "$AB_PAIRS" \
+    --out "$OUT/spec_steps.json" data.train_files=/tmp/gsm8k/train.parquet data.val_files=/tmp/gsm8k/test.parquet \
+    trainer.logger=[console] actor_rollout_ref.model.path="$CKPT" trainer.default_local_dir=/tmp/runs/spec_steps "${SPEC[@]/#/actor_rollout_ref.rollout.speculative.}"
 else
   echo "no checkpoint at $CKPT: (c)'s bench and (d) skipped"
 fi
@@ -80,22 +80,15 @@ if trained:
     print(f"\ntraining: {len(trained)} steps, actor/entropy {trained[0].get('actor/entropy')} -> "
           f"{trained[-1].get('actor/entropy')}, response_length/mean {trained[0].get('response_length/mean')} -> "
           f"{trained[-1].get('response_length/mean')}")
-ab = {}
-for side in ("plain", "spec"):
-    rows = steps(Path(f"/tmp/runs/grpo_{side}/metrics.jsonl"))[1:]  # step 1 captures graphs and warms up
-    if rows:
-        ab[side] = {k: statistics.median(r.get(k, 0.0) for r in rows) for k in
-                    ("timing_s/gen", "timing_s/step", "rollout/tail_frac", "rollout/small_batch_frac",
-                     "rollout/spec/tokens_per_verify", "rollout/spec/acceptance_rate", "rollout/spec/verify_step_frac")}
-        ab[side]["steps"] = len(rows)
-(out / "grpo_ab.json").write_text(json.dumps(ab, indent=1))
-if len(ab) == 2:
-    p, s = ab["plain"], ab["spec"]
-    print(f"\nsync GRPO step (median of {p['steps']} steps after the first): gen {p['timing_s/gen']:.2f} s -> "
-          f"{s['timing_s/gen']:.2f} s ({p['timing_s/gen'] / s['timing_s/gen']:.2f}x), step {p['timing_s/step']:.2f} s "
-          f"-> {s['timing_s/step']:.2f} s ({p['timing_s/step'] / s['timing_s/step']:.2f}x); spec tokens/verify "
-          f"{s['rollout/spec/tokens_per_verify']:.2f}, acceptance {s['rollout/spec/acceptance_rate']:.2f}, "
-          f"verify share {s['rollout/spec/verify_step_frac']:.2f}")
+path = out / "spec_steps.json"
+if path.exists():
+    r = json.loads(path.read_text())["result"]
+    p, s = r["plain"], r["spec"]
+    print(f"\nsync GRPO steps, one run (median of {p['steps']} + {s['steps']} steps after the warm-up): gen "
+          f"{p['timing_s/gen']:.2f} s -> {s['timing_s/gen']:.2f} s, step {p['timing_s/step']:.2f} s -> "
+          f"{s['timing_s/step']:.2f} s; paired: gen {r['gen_speedup']:.2f}x, step {r['step_speedup']:.2f}x; spec "
+          f"tokens/verify {s.get('rollout/spec/tokens_per_verify', 0):.2f}, acceptance "
+          f"{s.get('rollout/spec/acceptance_rate', 0):.2f}, verify share {s.get('rollout/spec/verify_step_frac', 0):.2f}")
 EOF
 pack_logs
 ls -la "$OUT"

@@ -170,3 +170,15 @@ def test_the_offline_replay_counts_what_verify_rounds_keep():
     assert (stats.steps, stats.plain_steps, stats.verify_steps) == (4, 7, 4)
     assert (stats.verify_seqs, stats.drafted, stats.accepted, stats.verify_tokens) == (4, 4, 3, 7)
     assert stats.tokens_per_verify == 7 / 4 and stats.speedup(1.0) == 7 / 4 and stats.speedup(2.0) == 7 / 8
+
+
+def test_the_offline_replay_drafts_within_the_token_budget():
+    """The same sample with a budget of 2 tokens a round: one row drafts one token. Rounds 1-2 draft nothing (5, 4);
+    rounds 3 and 4 draft "5" after the latest "4", kept with the round's 4; round 5 drafts "5", the last token, kept as
+    the round's own."""
+    from nonstop.rollout.spec.replay import replay
+
+    config = SpeculativeConfig(method="suffix", prompt_lookup_min=1, num_speculative_tokens=4, verify_token_budget=2)
+    stats = replay([([1, 2, 3], [[4, 5, 4, 5, 4, 5, 4, 5]])], config)
+    assert (stats.steps, stats.plain_steps, stats.verify_steps) == (5, 7, 5)
+    assert (stats.verify_seqs, stats.drafted, stats.accepted, stats.verify_tokens) == (5, 3, 2, 7)

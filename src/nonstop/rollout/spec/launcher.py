@@ -26,6 +26,14 @@ MAX_GROUP_STREAMS = 32
 SLOTS_PER_ROW = 4  # stream slots per verify row: its own, and room for finished siblings and history
 
 
+def budget_query(rows: int, num_query: int, token_budget: int) -> int:
+    """Query slots per row (1 + draft tokens) of a launch of `rows` rows: the most that keep its tokens within
+    `token_budget` (0: no budget), between 2 and `num_query`."""
+    if not token_budget:
+        return num_query
+    return max(2, min(num_query, token_budget // max(rows, 1)))
+
+
 def verify_capacity(spec: SpeculativeConfig, max_num_seqs: int, graph_sizes: list[int] | None) -> int:
     """Rows a verify launch can hold: none with speculation off; else the most sequences that draft
     (`disable_by_batch_size`, within `max_num_seqs`), rounded up to the CUDA-graph bucket that holds them."""
@@ -65,12 +73,9 @@ class VerifyLauncher:
         self.planner.graphs = graphs
 
     def num_query_for(self, num_rows: int) -> int:
-        """Query slots per row (1 + draft tokens) of a launch of `num_rows` rows: the most that keep the padded rows'
-        tokens within `verify_token_budget`, between 2 and `num_query`."""
-        if not self.token_budget:
-            return self.num_query
+        """Query slots per row of a launch of `num_rows` rows (`budget_query` of its padded rows)."""
         rows = self.graphs.bucket(num_rows) if self.planner.fits_graph(num_rows) else num_rows
-        return max(2, min(self.num_query, self.token_budget // max(rows, 1)))
+        return budget_query(rows, self.num_query, self.token_budget)
 
     def launch_batch(self, batch: ScheduledBatch, group_of: Callable[[Sequence], list[Sequence]]) -> VerifyStep:
         """Plan, upload, run (replaying its CUDA graph, captured first if new) and queue the read-back of a verify

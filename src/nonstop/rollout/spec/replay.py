@@ -6,7 +6,8 @@ known, the tokens a draft keeps are its longest prefix equal to the sample's nex
 samples after it). The replay steps every group the way the engine does: all samples start together after the
 prefill (one output token each); a step with more than `disable_by_batch_size` sequences running is a plain step
 (each moves one token on); in the drafting range every live sequence drafts (`suffix_match_drafts` over its group's
-streams as far as each got, and the history of earlier requests) and moves on by what the draft keeps plus one. What
+streams as far as each got, and the history of earlier requests; as many tokens as `verify_token_budget` leaves for
+the live rows, unpadded) and moves on by what the draft keeps plus one. What
 the `auto` rule would do is not replayed: `speedup` prices a round at `cost_ratio` plain steps.
 """
 
@@ -17,6 +18,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from nonstop.config.rollout import SpeculativeConfig
+from nonstop.rollout.spec.launcher import budget_query
 from nonstop.rollout.spec.suffix_match import suffix_match_drafts
 
 
@@ -83,10 +85,11 @@ def replay(
         if int(live_N.sum()) > config.disable_by_batch_size:
             lengths_S[:N] += live_N.long()
             continue
-        drafts_ND, draft_len_N = suffix_match_drafts(tokens_SL, lengths_S, own_N, streams_NG, D,
+        d = budget_query(int(live_N.sum()), D + 1, config.verify_token_budget) - 1
+        drafts_ND, draft_len_N = suffix_match_drafts(tokens_SL, lengths_S, own_N, streams_NG, d,
                                                      config.prompt_lookup_max, config.prompt_lookup_min)  # fmt: skip
-        valid_ND = torch.arange(D) < draft_len_N[:, None]
-        at_ND = lengths_S[:N, None] + torch.arange(D)
+        valid_ND = torch.arange(d) < draft_len_N[:, None]
+        at_ND = lengths_S[:N, None] + torch.arange(d)
         truth_ND = tokens_SL[own_N[:, None], at_ND.clamp(max=L - 1)]
         agree_ND = (drafts_ND == truth_ND) & valid_ND & (at_ND < end_N[:, None])
         accepted_N = torch.where(live_N, agree_ND.long().cumprod(dim=1).sum(dim=1), 0)
