@@ -26,15 +26,15 @@ def test_tail_and_kv_fractions_by_hand():
 
 
 def test_ramp_up_before_the_peak_is_not_a_tail():
-    """A forced-length batch: the 8 prompts' prefill step (a group forks into its 8 samples after it), then 64
+    """A forced-length batch: the 16 prompts' prefill step (a group forks into its 8 samples after it), then 128
     sequences to the end. The H200 doctor report of such a run had called its prefill steps a long tail."""
-    steps = [StepLogEntry(wall_s=0.4, num_seqs=8, kv_blocked=False, decode=False)]  # 8 < 64 / 4, before the peak
-    steps += [StepLogEntry(wall_s=0.1, num_seqs=64, kv_blocked=False)] * 6
+    steps = [StepLogEntry(wall_s=0.4, num_seqs=16, kv_blocked=False, decode=False)]  # 16 < 128 / 4, before the peak
+    steps += [StepLogEntry(wall_s=0.1, num_seqs=128, kv_blocked=False)] * 6
     steps += [StepLogEntry(wall_s=0.2, num_seqs=2, kv_blocked=False)]  # after the peak: tail
     m = rollout_metrics(SchedulerStats(), steps)
     assert m["rollout/tail_frac"] == pytest.approx(0.2 / 1.2)
-    assert m["rollout/tail_batch_fill"] == pytest.approx(2 / 64)
-    # Decode steps of at most 32 sequences (the tail's 2; not the prefill's 8) are the small-batch time.
+    assert m["rollout/tail_batch_fill"] == pytest.approx(2 / 128)
+    # Decode steps of at most 64 sequences (the tail's 2; not the prefill's 16) are the small-batch time.
     assert m["rollout/small_batch_frac"] == pytest.approx(0.2 / 1.2)
 
 
