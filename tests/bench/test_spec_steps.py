@@ -27,7 +27,7 @@ def test_summarize_pairs_and_medians_by_hand():
         _row("spec", True, 2.0, 4.0, **{"rollout/spec/tokens_per_verify": 3.0}),
         _row("plain", True, 3.0, 6.0),
         _row("plain", True, 4.0, 5.0),
-        _row("spec", True, 4.0, 4.0, **{"rollout/spec/tokens_per_verify": 1.0}),
+        _row("spec", True, 4.0, 4.0, **{"rollout/spec/tokens_per_verify": 1.0, "rollout/graph_captures": 1.0}),
     ]
     result = summarize(rows)
     assert result["plain"]["steps"] == result["spec"]["steps"] == 3
@@ -39,6 +39,9 @@ def test_summarize_pairs_and_medians_by_hand():
     assert result["gen_speedup_pairs"] == [2.0, 1.5, 1.0] and result["gen_speedup"] == 1.5
     assert result["step_speedup_pairs"] == pytest.approx([4 / 3, 1.5, 1.25])
     assert result["step_speedup"] == pytest.approx(4 / 3)
+    # The last pair's spec step captured a graph: left out of the pairs without captures.
+    assert result["gen_speedup_without_captures_pairs"] == [2.0, 1.5] and result["gen_speedup_without_captures"] == 1.75
+    assert result["step_speedup_without_captures"] == pytest.approx((4 / 3 + 1.5) / 2)
 
 
 def test_overrides_may_follow_options():
