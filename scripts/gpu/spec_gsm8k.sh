@@ -10,9 +10,9 @@
 #       timing_s/gen and timing_s/step per side, paired
 # $OUT gets summary.txt, bench_untrained.json, bench_trained.json, spec_steps.json and logs.tgz (every log).
 # SKIP_TESTS=1, SKIP_BENCH=1 (both benches), SKIP_TRAIN=1 (the checkpoint of an earlier call on this machine),
-# SKIP_AB=1 skip parts. STEPS (GRPO steps of (c), default 15), LR (its learning rate, default 1e-5), AB_PAIRS (timed pairs of (d),
-# default 4), TEMPS, PROMPTS and REPEATS (of (b), default 0.6,1.0, 1,8,32 and 3), TRAINED_REPEATS (default 2) change
-# the sizes; SPEC="key=value ..." sets speculative config keys everywhere; AB_FROM=untrained skips (c) and runs (d)
+# SKIP_AB=1 skip parts. STEPS (GRPO steps of (c), default 15), LR (its learning rate, default 1e-5), AB_PAIRS (timed
+# pairs of (d), default 4), TEMPS, PROMPTS and REPEATS (of (b), default 0.6,1.0, 1,8,32 and 3), TRAINED_REPEATS
+# (default 2) change the sizes; SPEC="key=value ..." sets speculative config keys everywhere; AB_FROM=untrained skips (c) and runs (d)
 # from MODEL.
 source "$(dirname "$0")/common.sh"
 MODEL=${1:-$HOME/SmolLM2-135M-Instruct.Q4_1.gguf}
@@ -44,7 +44,7 @@ fi
 if [ -e "$CKPT" ]; then
   [ "$CKPT" = "$MODEL" ] || [ -n "${SKIP_BENCH:-}" ] || t bench_trained 120 python3 -m nonstop bench spec --model "$CKPT" --data "$DATA/train.jsonl" \
     --temperatures 1.0 --prompts 1,8,32 --repeats "${TRAINED_REPEATS:-2}" --out "$OUT/bench_trained.json" ${SPEC[@]:+--spec "${SPEC[@]}"}
-  [ -n "${SKIP_AB:-}" ] || t spec_steps 240 python3 -m nonstop bench spec-steps examples/gsm8k_smollm2.yaml --warmup 4 --pairs "$AB_PAIRS" \
+  [ -n "${SKIP_AB:-}" ] || t spec_steps 240 python3 -m nonstop bench spec-steps examples/gsm8k_smollm2.yaml --pairs "$AB_PAIRS" \
     --out "$OUT/spec_steps.json" data.train_files=/tmp/gsm8k/train.parquet data.val_files=/tmp/gsm8k/test.parquet \
     trainer.logger=[console] actor_rollout_ref.model.path="$CKPT" trainer.default_local_dir=/tmp/runs/spec_steps "${SPEC[@]/#/actor_rollout_ref.rollout.speculative.}"
 else
@@ -52,7 +52,7 @@ else
 fi
 
 python3 - "$OUT" "$RUN" <<'EOF' | tee "$OUT/summary.txt"
-import json, statistics, sys
+import json, sys
 from pathlib import Path
 
 out, run = Path(sys.argv[1]), Path(sys.argv[2])
@@ -86,7 +86,8 @@ if path.exists():
     p, s = r["plain"], r["spec"]
     print(f"\nsync GRPO steps, one run (median of {p['steps']} + {s['steps']} steps after the warm-up): gen "
           f"{p['timing_s/gen']:.2f} s -> {s['timing_s/gen']:.2f} s, step {p['timing_s/step']:.2f} s -> "
-          f"{s['timing_s/step']:.2f} s; paired: gen {r['gen_speedup']:.2f}x, step {r['step_speedup']:.2f}x; spec "
+          f"{s['timing_s/step']:.2f} s; paired: gen {r['gen_speedup']:.2f}x, step {r['step_speedup']:.2f}x "
+          f"(pairs without a graph capture: gen {r['gen_speedup_without_captures'] or 0:.2f}x); spec "
           f"tokens/verify {s.get('rollout/spec/tokens_per_verify', 0):.2f}, acceptance "
           f"{s.get('rollout/spec/acceptance_rate', 0):.2f}, verify share {s.get('rollout/spec/verify_step_frac', 0):.2f}")
 EOF

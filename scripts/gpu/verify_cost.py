@@ -16,6 +16,7 @@ import time
 import torch
 
 from nonstop.bench.shapes import model_config, tiny_config
+from nonstop.bench.trainer_step import device_sync
 from nonstop.models import CausalLM
 from nonstop.rollout import LLM, SamplingParams
 from nonstop.rollout.scheduler import Scheduler
@@ -79,17 +80,11 @@ class Timers:
             getattr(self, name).clear()
 
     def summary(self, rounds: int) -> dict:
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
+        device_sync()
         device = [s.elapsed_time(e) / 1e3 for s, e in self.events]
         med = lambda xs: statistics.median(xs) * 1e3 / rounds if xs else float("nan")  # noqa: E731
         return {"launches": len(device), "device_ms": med(device), "plan_ms": med(self.plan),
                 "launch_ms": med(self.launch), "read_ms": med(self.read), "keep_ms": med(self.keep)}  # fmt: skip
-
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def kernel_table(llm, prompts, params) -> list:
@@ -123,10 +118,10 @@ def measure(model, rows: int, drafts: int | None, tokens: int, K: int, timers: T
         llm.llm_engine.model_runner.verify.drafter = full_drafter
     llm.generate(prompts, params)  # warm-up: graph captures
     timers.clear()
-    sync()
+    device_sync()
     start = time.perf_counter()
     llm.generate(prompts, params)
-    sync()
+    device_sync()
     wall = time.perf_counter() - start
     row = {"rows": rows, "drafts": drafts, "wall_s": wall}
     if drafts is None:
