@@ -1,6 +1,7 @@
 """What a verify launch's wall time is made of, by rows and draft length: the device time of its K rounds (CUDA events
-around the launch), the host work before it (plan, upload, enqueue) and after it (read-back, `keep_rounds`, stream
-bookkeeping), against a plain decode step's period at the same rows. Random weights in a model's shape, fixed-length
+around the launch), the host work before it (plan, enqueue) and after it (read-back, `keep_rounds`, stream
+bookkeeping), against a plain decode step's period at the same rows. Chained launches hide the host's work behind the
+device's: then a round's wall time comes close to its device time. Random weights in a model's shape, fixed-length
 responses; every row drafts its full length every round (a stand-in drafter), so the device time is the worst case.
 
     python3 scripts/gpu/verify_cost.py [--shape smollm2-135m] [--rows 8,32,64] [--drafts 2,4,8] [--out cost.json]
@@ -38,21 +39,23 @@ class Timers:
 
     def install(self):
         timers = self
-        launch_batch, keep_rounds, plan = VerifyLauncher.launch_batch, Scheduler.keep_rounds, RoundPlanner.plan
+        run, keep_rounds, plan = VerifyLauncher._run, Scheduler.keep_rounds, RoundPlanner.plan
         cuda = torch.cuda.is_available()
 
         def timed_plan(planner, *args):
             t0 = time.perf_counter()
             result = plan(planner, *args)
             timers.plan.append(time.perf_counter() - t0)
-            if cuda:  # the device is idle here (the previous launch was read): its time starts at the upload
-                timers.events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
-                timers.events[-1][0].record()
             return result
 
-        def timed_launch(launcher, batch, group_of):
+        def timed_run(launcher, num_rows):
+            # Events on the stream: the start is reached when the launch before ends (chained) or after the upload,
+            # so start to end is this launch's device time either way.
             t0 = time.perf_counter()
-            step = launch_batch(launcher, batch, group_of)
+            if cuda:
+                timers.events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+                timers.events[-1][0].record()
+            step = run(launcher, num_rows)
             if cuda:
                 timers.events[-1][1].record()
             timers.launch.append(time.perf_counter() - t0)
@@ -73,7 +76,7 @@ class Timers:
             timers.keep.append(time.perf_counter() - t0)
             return result
 
-        VerifyLauncher.launch_batch, Scheduler.keep_rounds, RoundPlanner.plan = timed_launch, timed_keep, timed_plan
+        VerifyLauncher._run, Scheduler.keep_rounds, RoundPlanner.plan = timed_run, timed_keep, timed_plan
 
     def clear(self):
         for name in ("plan", "launch", "read", "keep", "events"):
@@ -131,6 +134,7 @@ def measure(model, rows: int, drafts: int | None, tokens: int, K: int, timers: T
         row |= timers.summary(K)  # before the profiled generation, whose launches the profiler slows
         row["round_wall_ms"] = wall / max(rounds, 1) * 1e3
         row["verify_rounds"] = rounds
+        row["chained_frac"] = llm.metrics.get("rollout/spec/chained_frac", 0.0)
     if profile_kernels and torch.cuda.is_available():
         row["kernels"] = kernel_table(llm, prompts, params)
     del llm
@@ -171,14 +175,14 @@ def main() -> None:
             for name, us in r["kernels"]:
                 print(f"  {us:8.1f}  {name}")
     print(f"\n{'rows':>5} {'D':>3} {'step/round ms':>14} {'device':>7} {'plan':>6} {'read':>6} {'keep':>6} "
-          f"{'round/step':>10} {'device/step':>11}")  # fmt: skip
+          f"{'round/step':>10} {'device/step':>11} {'chained':>7}")  # fmt: skip
     for r in rows_out:
         if r["drafts"] is None:
             print(f"{r['rows']:>5} {'-':>3} {r['step_ms']:>14.3f}")
         else:
             print(f"{r['rows']:>5} {r['drafts']:>3} {r['round_wall_ms']:>14.3f} {r['device_ms']:>7.3f} "
                   f"{r['plan_ms']:>6.3f} {r['read_ms']:>6.3f} {r['keep_ms']:>6.3f} {r['round_over_step']:>10.2f} "
-                  f"{r['device_over_step']:>11.2f}")  # fmt: skip
+                  f"{r['device_over_step']:>11.2f} {r['chained_frac']:>7.2f}")  # fmt: skip
     if args.out:
         gpu = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
         json.dump({"gpu": gpu, "torch": torch.__version__, "args": vars(args),

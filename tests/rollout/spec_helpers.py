@@ -1,10 +1,11 @@
-"""Drafters for the speculative-decoding tests, and an engine that verifies every launch in range (`always`)."""
+"""Drafters for the speculative-decoding tests, an engine that verifies every launch in range (`always`), and a log of
+chained verify launches."""
 
 from __future__ import annotations
 
 import torch
 
-from nonstop.rollout import LLM
+from nonstop.rollout import LLM, SamplingParams
 
 
 class PartlyWrongDrafter:
@@ -64,3 +65,51 @@ def speculative_llm(model, drafter=None, num_speculative_tokens: int = 4, **engi
     if drafter is not None:
         llm.llm_engine.model_runner.verify.drafter = drafter
     return llm
+
+
+def host_stop_params(free, lengths: list[int], host_stopped: tuple[int, ...], vocab_size: int) -> list[SamplingParams]:
+    """Greedy params of `lengths` tokens for the prompts of `free` (their greedy outputs, ignoring EOS); the requests
+    `host_stopped` stop at their 7th output token by a stop id the verify rounds do not check (it comes with eight
+    unused ones, more than a row holds), so only the host sees it."""
+    params = []
+    for i, (out, m) in enumerate(zip(free, lengths, strict=True)):
+        tokens = out.outputs[0].token_ids
+        stops = [tokens[6]] + [t for t in range(vocab_size) if t not in tokens][:8] if i in host_stopped else []
+        params.append(SamplingParams(temperature=0, max_tokens=m, stop_token_ids=stops, ignore_eos=True))
+    return params
+
+
+class LaunchLog:
+    """Each verify launch in order, with the rows it was told to kill (None: planned afresh), and each read's live
+    rounds per row, in the same order (launches are read first in, first out)."""
+
+    def __init__(self, engine, monkeypatch):
+        self.kills, self.live = [], []
+        runner, scheduler = engine.model_runner, engine.scheduler
+        launch_verify, continue_verify = runner.launch_verify, runner.continue_verify
+        keep_rounds = scheduler.keep_rounds
+
+        def fresh(batch, group_of):
+            self.kills.append(None)
+            return launch_verify(batch, group_of)
+
+        def chained(batch, finished):
+            self.kills.append(list(finished))
+            return continue_verify(batch, finished)
+
+        def keep(batch, outcome):
+            self.live.append(list(outcome.live_rounds))
+            return keep_rounds(batch, outcome)
+
+        monkeypatch.setattr(runner, "launch_verify", fresh)
+        monkeypatch.setattr(runner, "continue_verify", chained)
+        monkeypatch.setattr(scheduler, "keep_rounds", keep)
+
+    def assert_killed_rows_computed_nothing(self) -> None:
+        """Some chained launch killed a row; in each such launch the killed rows were live in no round and some other
+        row was."""
+        killed = [(kill, live) for kill, live in zip(self.kills, self.live, strict=True) if kill and any(kill)]
+        assert killed, "no chained launch killed a row"
+        for kill, live in killed:
+            assert all(rounds == 0 for rounds, k in zip(live, kill, strict=True) if k)
+            assert any(rounds > 0 for rounds, k in zip(live, kill, strict=True) if not k)

@@ -147,7 +147,7 @@ def test_verify_launches_capture_only_the_shapes_they_use(model):
     llm, graphs, _ = with_graphs(speculative_llm(model, drafter, block_size=4, max_num_seqs=8, speculative_config=spec))
     assert token_ids(llm.generate(prompts, params)) == token_ids(plain)
     replayed = [s for s in graphs.replayed if s.num_query > 1]
-    assert len({(s.num_rows, s.num_query) for s in replayed}) > 1 and llm.stats.num_verify_steps == len(replayed)
+    assert len({(s.num_rows, s.num_query) for s in replayed}) > 1 and llm.stats.num_verify_launches == len(replayed)
     assert {s for s in graphs.graphs if s.num_query > 1} == set(replayed)
     captures = graphs.num_captures
     assert token_ids(llm.generate(prompts, params)) == token_ids(plain) and graphs.num_captures == captures

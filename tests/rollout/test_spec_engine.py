@@ -151,8 +151,10 @@ def test_max_tokens_reached_mid_draft(llama):
     llm = speculative_llm(model, drafter, num_speculative_tokens=8, block_size=4)
     out = llm.generate(prompts, params)
     assert samples(out) == samples(plain) and all(len(t) == 5 for t in samples(out))
-    # Eight draft tokens after the prefill's one, all accepted: four fit before max_tokens, in one round.
-    assert all(len(d) == 8 for _, d in drafter.drafts) and llm.stats.num_verify_steps == 1
+    # Eight draft tokens after the prefill's one, all accepted: four fit before max_tokens, in one round (the first
+    # launch's four drafts; the launch chained behind it, before the host saw the rows end, has no live row).
+    assert len(drafter.drafts) >= 4 and all(len(d) == 8 for _, d in drafter.drafts[:4])
+    assert llm.stats.num_verify_steps == 1
     assert llm.stats.num_verify_tokens == 4 * len(samples(out))
 
 

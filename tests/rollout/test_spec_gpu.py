@@ -5,7 +5,7 @@ engine's bound. Run on the GPU machine: `pytest -m gpu tests/rollout/test_spec_g
 import pytest
 import torch
 from rollout_helpers import hf_greedy, random_prompts
-from spec_helpers import PartlyWrongDrafter, speculative_llm
+from spec_helpers import LaunchLog, PartlyWrongDrafter, host_stop_params, speculative_llm
 from test_engine_gpu import LENGTHS, MEDIUM, assert_bf16_logprobs_match_a_full_forward, cuda_model
 
 from nonstop.rollout import LLM, SamplingParams
@@ -87,6 +87,28 @@ def test_the_suffix_drafter_under_graphs_with_multi_step_and_history():
         out = llm.generate(prompts, params)
         assert [c.token_ids for o in out for c in o.outputs] == [c.token_ids for o in plain for c in o.outputs]
     assert llm.stats.num_accepted_tokens >= 0.9 * llm.stats.num_draft_tokens > 0
+
+
+@pytest.mark.gpu
+def test_chained_launches_under_graphs_kill_rows_the_host_ended(monkeypatch):
+    """Verify launches chained under CUDA graphs (8 rounds each, fp32): rows of different lengths, two ended by a stop
+    id only the host checks while the next launch is on the device, a KV pool small enough that their freed blocks go
+    to the others' next reservations. Outputs equal plain decoding's; the killed rows compute nothing."""
+    _, model = cuda_model(dtype=torch.float32)
+    prompts = random_prompts([40, 90, 17, 33, 64, 21], vocab=V, seed=6)
+    lengths = [60, 48, 120, 36, 90, 70]
+    kwargs = dict(num_kv_blocks=96, max_num_seqs=8)
+    free = LLM(model, **kwargs).generate(
+        prompts, [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in lengths]
+    )
+    params = host_stop_params(free, lengths, (1, 4), V)
+    plain = LLM(model, **kwargs).generate(prompts, params)
+    llm = speculative_llm(model, PartlyWrongDrafter.from_outputs(prompts, free, V), **kwargs)
+    log = LaunchLog(llm.llm_engine, monkeypatch)
+    out = llm.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in plain]
+    assert llm.stats.num_chained_launches > 0 and verify_graphs(llm)
+    log.assert_killed_rows_computed_nothing()
 
 
 def compiled_verify_kernels() -> int:

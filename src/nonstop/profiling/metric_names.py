@@ -29,13 +29,15 @@ ROLLOUT_PEAK_RUNNING_SEQS = "rollout/peak_running_seqs"
 # sequences: weight-read bound steps, what speculative decoding shortens.
 ROLLOUT_SMALL_BATCH_FRAC = "rollout/small_batch_frac"
 # Speculative decoding, when it is on: accepted / drafted tokens; tokens per sequence per verify round; verify and plain
-# decode steps in the drafting range, and their wall seconds.
+# decode steps in the drafting range, and their wall seconds; the fraction of verify launches chained behind the one
+# before (their host work hidden behind it).
 SPEC_ACCEPTANCE_RATE = "rollout/spec/acceptance_rate"
 SPEC_TOKENS_PER_VERIFY = "rollout/spec/tokens_per_verify"
 SPEC_NUM_VERIFY_STEPS = "rollout/spec/num_verify_steps"
 SPEC_NUM_PLAIN_STEPS = "rollout/spec/num_plain_steps"
 SPEC_VERIFY_TIME_S = "rollout/spec/verify_time_s"
 SPEC_PLAIN_TIME_S = "rollout/spec/plain_time_s"
+SPEC_CHAINED_FRAC = "rollout/spec/chained_frac"
 
 # Training update (the actor; old-log-prob and reference passes reuse its micro-batching).
 ACTOR_NUM_MICRO_BATCHES = "actor/num_micro_batches"  # forward+backward micro-batches, all mini-batches and epochs

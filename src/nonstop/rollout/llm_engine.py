@@ -3,7 +3,8 @@
 Async scheduling (the default): `step` launches step k+1 before it reads step k's sampled tokens, and does step k's
 host work while the device runs step k+1; a stop is seen one step late and costs one discarded token. Sampling does
 not change (a token's noise depends only on its seed, sample index and position). Speculative decoding (rollout/spec/)
-verifies only where few sequences run; a verify launch (k rounds on the device) is read before the next is scheduled.
+verifies only where few sequences run; a verify launch (k rounds on the device) chains like a decode step: the next one,
+on the same rows, is launched before it is read.
 docs/engine.md has the details.
 """
 
@@ -21,10 +22,11 @@ from nonstop.rollout.metrics import StatsWindow, StepLogEntry
 from nonstop.rollout.model_runner import ModelRunner
 from nonstop.rollout.outputs import CompletionOutput, RequestOutput
 from nonstop.rollout.sampling_params import SamplingParams
-from nonstop.rollout.scheduled import SampledRows, SchedulerStats
+from nonstop.rollout.scheduled import SampledRows, ScheduledBatch, SchedulerStats
 from nonstop.rollout.scheduler import Scheduler
 from nonstop.rollout.sequence import FinishReason, Sequence
 from nonstop.rollout.spec import Speculator
+from nonstop.rollout.spec.policy import launch_gain
 from nonstop.rollout.step_buffers import SampledStep
 from nonstop.rollout.stop_strings import StopStrings
 
@@ -53,6 +55,8 @@ class _InFlight:
     # draft rule weighs a verify round against it; see LLMEngine._process_in_flight).
     timed_steps: int = 0
     launched_at: float = 0.0
+    verify: ScheduledBatch | None = None  # a verify launch's batch (`sampled` is its `VerifyStep`)
+    captured: bool = False  # ... which captured its CUDA graph
 
 
 # Multi-step decode's default on CUDA, where chaining decode steps hides the host's per-step work (measured in
@@ -170,12 +174,19 @@ class LLMEngine:
             raise RuntimeError("the KV cache is released; call resume() before generating")
         start = time.perf_counter()
         outputs, self.ready = self.ready, []
-        stats, rounds, spec = self.scheduler.stats, None, self.speculator
+        stats, spec, batch, chained = self.scheduler.stats, self.speculator, None, False
         if spec is not None and spec.wants_verify(self.scheduler):
-            outputs += self._process_in_flight()  # the rounds draft from every token of the running sequences
-            rounds = (self.num_scheduler_steps, self.model_runner.verify.num_query_for(len(self.scheduler.running)))
-            start = time.perf_counter()  # a verify launch's time: scheduling, launch, read, host work
-        batch = self.scheduler.schedule(rounds)
+            batch = self._chained_verify()
+            chained = batch is not None
+            if not chained:
+                outputs += self._process_in_flight()  # the rounds draft from every token of the running sequences
+                rounds = (self.num_scheduler_steps, self.model_runner.verify.num_query_for(len(self.scheduler.running)))
+                start = time.perf_counter()  # a verify launch's time: scheduling, launch, read, host work
+                batch = self.scheduler.schedule(rounds)
+        else:
+            if self.in_flight is not None and self.in_flight.verify is not None:
+                outputs += self._process_in_flight()  # the host's tokens are a whole verify launch behind
+            batch = self.scheduler.schedule()
         if not batch.seqs and self.in_flight is None:
             assert self.scheduler.is_finished(), "unfinished requests but nothing could be scheduled"
             return outputs
@@ -188,7 +199,10 @@ class LLMEngine:
             launched_at = time.perf_counter()
             runner = self.model_runner
             try:
-                sampled = runner.launch_verify(batch, self._group) if verify else runner.launch(batch)
+                if chained:
+                    sampled = runner.continue_verify(batch, [seq.is_finished for seq in batch.seqs])
+                else:
+                    sampled = runner.launch_verify(batch, self._group) if verify else runner.launch(batch)
             except BaseException:
                 # Scheduling registered prefix-cache hashes for blocks this step never wrote.
                 self.block_manager.reset_prefix_cache()
@@ -200,25 +214,29 @@ class LLMEngine:
                 stats.num_graph_captures += graphs.num_captures - captures
                 stats.graph_capture_time_s += time.perf_counter() - launched_at
             timed = timed and not captured
-            if self.args.async_scheduling and not verify:
+            if verify:
+                stats.num_spec_range_steps += batch.num_rounds
+                stats.num_verify_launches += 1
+                stats.num_chained_launches += chained
+                # Read behind the next launch of its chain (async), or now; its outcome teaches the draft rule.
+                launched = _InFlight(sampled, SampledRows(), 0, launched_at, verify=batch, captured=captured)
+                if not self.args.async_scheduling:
+                    self.in_flight, launched = launched, None
+                    outputs += self._process_in_flight()
+            elif self.args.async_scheduling:
                 result = self.scheduler.advance(batch)
                 launched = _InFlight(sampled, result.sampled, sampled.num_steps if timed else 0, launched_at)
-            elif verify:
-                # A verify launch's outcome decides what the next step computes: read now.
-                result = self.scheduler.keep_rounds(batch, sampled.read())
-                self.last_read_at = time.perf_counter()
-                self.model_runner.verify.kept(batch.seqs)
-                outputs += self._finished_outputs(result.finished)
             else:
                 result = self.scheduler.postprocess(batch, *sampled.read())
                 self.last_read_at = time.perf_counter()
                 if timed:
                     self._timed_plain(sampled.num_steps, self.last_read_at - launched_at)
                 outputs += self._finished_outputs(result.finished)
-            self.model_runner.copy_blocks(result.block_copies)
-            for child in result.forked:
-                self.requests[child.request_id].seqs.append(child)
-                self.stop_strings.add(child)
+            if not verify:
+                self.model_runner.copy_blocks(result.block_copies)
+                for child in result.forked:
+                    self.requests[child.request_id].seqs.append(child)
+                    self.stop_strings.add(child)
         # The previous step's host work, while the device runs the one just launched.
         # A launch that captured a graph held the host for the capture: the step read behind it has no period.
         outputs += self._process_in_flight(pipelined=bool(batch.seqs) and not captured)
@@ -234,15 +252,29 @@ class LLMEngine:
         if verify:
             stats.decode_time_s += elapsed
             stats.verify_time_s += elapsed
-            stats.num_spec_range_steps += batch.num_rounds
-            kept = sum(len(s.token_ids) for s in batch.seqs) - sum(batch.num_cached_tokens) - len(batch.seqs)
-            per_round = kept / max(sum(result.rounds), 1)
-            spec.policy.verified(per_round, None if captured else elapsed / batch.num_rounds)
         elif prefill:
             stats.prefill_time_s += elapsed
         else:
             stats.decode_time_s += elapsed
         return outputs
+
+    def _chained_verify(self) -> ScheduledBatch | None:
+        """The next verify launch chained behind the one in flight (async scheduling): the same rows, going on on the
+        device from where that launch leaves them, so it is launched before that one is read and the host's work on
+        a launch hides behind the next. None (read the launch in flight, plan afresh) when no verify launch is in
+        flight, when the running sequences would draft another number of tokens or fill at most half the rows
+        (planned afresh, they take a smaller CUDA graph), when the launch's shape cannot hold another (its draft
+        window), or when the KV blocks do not fit."""
+        in_flight = self.in_flight
+        if not self.args.async_scheduling or in_flight is None or in_flight.verify is None:
+            return None
+        batch, launcher = in_flight.verify, self.model_runner.verify
+        running = len(self.scheduler.running)
+        if launcher.num_query_for(running) != batch.num_query or 2 * running <= launcher.num_rows_for(len(batch.seqs)):
+            return None
+        if not launcher.can_continue(batch):
+            return None
+        return self.scheduler.extend_rounds(batch)
 
     def _timed_plain(self, num_steps: int, wall_s: float, learn: bool = True) -> None:
         """A plain decode launch in the drafting range took `wall_s`; `learn`: a step time the draft rule weighs."""
@@ -264,6 +296,8 @@ class LLMEngine:
         in_flight, self.in_flight = self.in_flight, None
         if in_flight is None:
             return []
+        if in_flight.verify is not None:
+            return self._keep_verified(in_flight)
         sampled = in_flight.sampled.read()
         previous_read, self.last_read_at = self.last_read_at, time.perf_counter()
         if in_flight.timed_steps:
@@ -271,6 +305,21 @@ class LLMEngine:
             self._timed_plain(in_flight.timed_steps, wall_s, learn=pipelined)
         finished = self.scheduler.update(in_flight.rows, *sampled)
         return self._finished_outputs(finished)
+
+    def _keep_verified(self, in_flight: _InFlight) -> list[RequestOutput]:
+        """Reads a verify launch and keeps what its rounds kept. The draft rule learns its gain and, unless it captured
+        a CUDA graph, its time per round: from when the device could start it (as a plain step's) to its read. Read
+        with nothing behind it (the chain ends), that time also holds the host's gap before the read: an overestimate,
+        which errs towards plain decoding."""
+        batch = in_flight.verify
+        outcome = in_flight.sampled.read()
+        previous_read, self.last_read_at = self.last_read_at, time.perf_counter()
+        result = self.scheduler.keep_rounds(batch, outcome)
+        self.model_runner.verify.kept(batch.seqs)
+        wall_s = self.last_read_at - max(in_flight.launched_at, previous_read)
+        round_s = None if in_flight.captured else wall_s / batch.num_rounds
+        self.speculator.policy.verified(launch_gain(result.kept, result.rounds), round_s)
+        return self._finished_outputs(result.finished)
 
     def _finished_outputs(self, finished: list[Sequence]) -> list[RequestOutput]:
         """The requests `finished` (the sequences an update ended) completes, once the stop strings found in the

@@ -78,6 +78,9 @@ def spec_metrics(stats: SchedulerStats) -> dict[str, float]:
         "rollout/spec/verify_step_frac": stats.num_verify_steps / stats.num_spec_range_steps,
         "rollout/spec/verify_time_s": stats.verify_time_s,
         "rollout/spec/plain_time_s": stats.spec_plain_time_s,
+        "rollout/spec/chained_frac": (
+            stats.num_chained_launches / stats.num_verify_launches if stats.num_verify_launches else 0.0
+        ),
     }
 
 

@@ -329,6 +329,12 @@ class ModelRunner:
         return self.verify.launch_batch(batch, group_of)
 
     @torch.inference_mode()
+    def continue_verify(self, batch: ScheduledBatch, finished: list[bool]) -> VerifyStep:
+        """Queue the next verify launch of a chain behind the one in flight (`VerifyLauncher.continue_batch`): its
+        rows go on from where the device leaves them, so nothing of the launch in flight need be read first."""
+        return self.verify.continue_batch(batch, finished)
+
+    @torch.inference_mode()
     def launch(self, batch: ScheduledBatch) -> SampledStep:
         """Queue the step (a multi-step decode launch: its k steps) on the device without waiting for it. Its sampled
         token ids and their log-probs, one row per sample drawn, in batch order (multi-step: step by step, the rows

@@ -64,7 +64,8 @@ class SchedulerStats:
     # plain steps; each round or step of a launch counts), verify rounds with a live sequence, sequences computed in
     # them (a sequence once per round), those of them that had a draft, draft tokens verified, those the sampler
     # agreed with (accepted), the tokens the rounds kept (accepted + one per sequence, less any computed past a
-    # stop), the verify launches' wall time and the plain launches'.
+    # stop), the verify launches' wall time and the plain launches'; verify launches, and those chained behind the
+    # one before (launched before it was read).
     num_spec_range_steps: int = 0
     num_verify_steps: int = 0
     num_verify_seqs: int = 0
@@ -74,6 +75,8 @@ class SchedulerStats:
     num_verify_tokens: int = 0
     verify_time_s: float = 0.0
     spec_plain_time_s: float = 0.0  # wall time of the plain decode launches in the drafting range
+    num_verify_launches: int = 0
+    num_chained_launches: int = 0
     # CUDA graphs captured (lazily, the first time a launch shape is needed) and the wall time of the launches that
     # captured them (inside the step times above): what a new shape costs a run that otherwise replays.
     num_graph_captures: int = 0
@@ -103,5 +106,7 @@ class StepResult:
     forked: list[Sequence] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) KV blocks to copy now
     sampled: SampledRows = field(default_factory=SampledRows)
-    # A verify launch: per sequence, the rounds in which it was live.
+    # A verify launch: per sequence, the rounds in which it was live and the tokens they kept (0 and 0 for one the
+    # host had ended before the launch was read).
     rounds: list[int] = field(default_factory=list)
+    kept: list[int] = field(default_factory=list)

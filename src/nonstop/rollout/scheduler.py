@@ -12,6 +12,7 @@ docs/engine.md has the design and its invariants.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 
 import numpy as np
@@ -272,6 +273,28 @@ class Scheduler:
             bm.allocate(seq, cap - seq.num_cached_tokens)
         batch.num_rounds, batch.num_query, batch.kv_capacity = num_rounds, num_query, caps
 
+    def extend_rounds(self, batch: ScheduledBatch) -> ScheduledBatch | None:
+        """The next verify launch of a chain, scheduled while `batch` (the chain's last launch) is still on the device:
+        the same sequences, each unfinished one with the KV blocks of every position the launch in flight and this
+        one may write (2 x rounds x query slots past its last known token, within its max_tokens), all of them or,
+        when they do not fit, None (the chain ends there)."""
+        bm = self.block_manager
+        B, ahead = bm.block_size, 2 * batch.num_rounds * batch.num_query
+        caps, needed = [], 0
+        for seq in batch.seqs:
+            cap = 0 if seq.is_finished else min(seq.num_cached_tokens + ahead, seq.max_num_tokens)
+            caps.append(cap)
+            needed += max(0, -(-cap // B) - len(seq.block_table))
+        if needed > bm.num_free_blocks:
+            return None
+        bm.begin_step()
+        for seq, cap in zip(batch.seqs, caps, strict=True):
+            if cap:
+                bm.allocate(seq, cap - seq.num_cached_tokens)
+        self.stats.num_steps += 1
+        self.stats.num_decode_steps += 1
+        return dataclasses.replace(batch, kv_capacity=caps)
+
     def preempt(self, seq: Sequence) -> None:
         self.block_manager.deallocate(seq)
         self.block_manager.release_blocks(seq.fork_block_ids)
@@ -293,18 +316,24 @@ class Scheduler:
         is in the cache (num_cached_tokens = tokens - 1; the rejected drafts' slots are overwritten later, their
         blocks kept for the next steps). `update` then fills the kept tokens like a multi-step launch's rows, so stops
         and max_tokens end a sequence inside a kept run exactly where plain decoding would have ended it, and kept
-        tokens past that are dropped."""
+        tokens past that are dropped. A sequence the host ended while this launch was chained behind the one that
+        ended it (`LLMEngine`) keeps nothing: its rows are discarded and not counted."""
         result, stats = StepResult(), self.stats
         kept: list[tuple[Sequence, int, list[int], list[float]]] = []
-        for seq, ids, lps in zip(batch.seqs, rounds.token_ids, rounds.logprobs, strict=True):
+        counted = [not seq.is_finished for seq in batch.seqs]
+        for seq, ids, lps, ok in zip(batch.seqs, rounds.token_ids, rounds.logprobs, counted, strict=True):
+            if not ok:
+                stats.num_discarded_tokens += len(ids)
+                continue
             start = len(seq.token_ids)
             seq.token_ids += ids
             seq.output_logprobs += lps
             seq.num_cached_tokens = len(seq.token_ids) - 1
             kept.append((seq, start, ids, lps))
-        result.rounds = rounds.live_rounds
+        result.rounds = [r if ok else 0 for r, ok in zip(rounds.live_rounds, counted, strict=True)]
+        result.kept = [len(ids) if ok else 0 for ids, ok in zip(rounds.token_ids, counted, strict=True)]
         rows, ids_R, lps_R = result.sampled, [], []
-        for j in range(max(len(ids) for _, _, ids, _ in kept)):
+        for j in range(max((len(ids) for _, _, ids, _ in kept), default=0)):
             for seq, start, ids, lps in kept:
                 if j < len(ids):
                     rows.seqs.append(seq)
@@ -315,10 +344,10 @@ class Scheduler:
         generated = stats.num_generated_tokens
         result.finished = self.update(rows, ids_R, lps_R)
         stats.num_verify_steps += rounds.num_rounds
-        stats.num_verify_seqs += sum(rounds.live_rounds)
-        stats.num_drafting_seqs += rounds.num_drafting
-        stats.num_draft_tokens += sum(rounds.drafted)
-        stats.num_accepted_tokens += sum(rounds.accepted)
+        stats.num_verify_seqs += sum(result.rounds)
+        stats.num_drafting_seqs += sum(d for d, ok in zip(rounds.drafting, counted, strict=True) if ok)
+        stats.num_draft_tokens += sum(d for d, ok in zip(rounds.drafted, counted, strict=True) if ok)
+        stats.num_accepted_tokens += sum(a for a, ok in zip(rounds.accepted, counted, strict=True) if ok)
         stats.num_verify_tokens += stats.num_generated_tokens - generated
         stats.num_decode_steps += rounds.num_rounds - 1  # `schedule` counted the launch as one step
         return result

@@ -48,7 +48,14 @@ class StagedFields:
             self.copied.synchronize()
         return self.host
 
-    def upload(self) -> None:
-        self.device_buffer.copy_(self.staging, non_blocking=True)
+    def upload(self, names: tuple[str, ...] | None = None) -> None:
+        """Copy the staged fields to the device: all of them, or only `names` (the rest of the device copy is left as
+        the device has it)."""
+        if names is None:
+            self.device_buffer.copy_(self.staging, non_blocking=True)
+        for name in names or ():
+            offset, shape, dtype = self.offsets[name]
+            end = offset + _WORDS[dtype] * math.prod(shape)
+            self.device_buffer[offset:end].copy_(self.staging[offset:end], non_blocking=True)
         if self.copied is not None:
             self.copied.record(torch.cuda.current_stream(self.device))

@@ -61,8 +61,12 @@ class VerifyLauncher:
         size = max_rounds * out_width(max_rows, self.num_query)
         self.out = torch.zeros(size, dtype=torch.float64, device=device)
         pinned = device.type == "cuda"
-        self.host_out = torch.zeros(size, dtype=torch.float64, pin_memory=pinned)
-        self.copied = torch.cuda.Event() if pinned else None
+        # Two read-backs, used in turn: a chained launch copies its rounds out while the launch before is being read.
+        self.host_out = [torch.zeros(size, dtype=torch.float64, pin_memory=pinned) for _ in range(2)]
+        self.copied = [torch.cuda.Event() if pinned else None for _ in range(2)]
+        self.turn = 0
+        self.shape: LaunchShape | None = None  # the last launch's shape and whether it replayed a graph
+        self.use_graph = False
 
     @property
     def graphs(self):
@@ -72,10 +76,13 @@ class VerifyLauncher:
     def graphs(self, graphs) -> None:
         self.planner.graphs = graphs
 
+    def num_rows_for(self, num_rows: int) -> int:
+        """Rows a launch of `num_rows` rows computes: its CUDA graph's bucket, or itself when eager."""
+        return self.graphs.bucket(num_rows) if self.planner.fits_graph(num_rows) else num_rows
+
     def num_query_for(self, num_rows: int) -> int:
         """Query slots per row of a launch of `num_rows` rows (`budget_query` of its padded rows)."""
-        rows = self.graphs.bucket(num_rows) if self.planner.fits_graph(num_rows) else num_rows
-        return budget_query(rows, self.num_query, self.token_budget)
+        return budget_query(self.num_rows_for(num_rows), self.num_query, self.token_budget)
 
     def launch_batch(self, batch: ScheduledBatch, group_of: Callable[[Sequence], list[Sequence]]) -> VerifyStep:
         """Plan, upload, run (replaying its CUDA graph, captured first if new) and queue the read-back of a verify
@@ -88,17 +95,38 @@ class VerifyLauncher:
         self.planner.fields.upload()
         self.streams.upload()
         self.runner.stage_stop_mask(plan.banned, self.stop_mask_TV, shape.num_rows)
-        if plan.use_graph:
-            graphs.replay(shape)
+        self.shape, self.use_graph = shape, plan.use_graph
+        return self._run(plan.num_rows)
+
+    def can_continue(self, batch: ScheduledBatch) -> bool:
+        """Whether the last launch's shape holds a launch chained behind it: its draft window (the CPU drafter's
+        scan; 0 on CUDA: whole streams) must cover every stream as long as the two launches may make it."""
+        window = self.shape.draft_window
+        ahead = 2 * batch.num_rounds * batch.num_query
+        return not window or max(len(seq.token_ids) for seq in batch.seqs) + ahead <= window
+
+    def continue_batch(self, batch: ScheduledBatch, finished: list[bool]) -> VerifyStep:
+        """Queue the next launch of a chain: the last launch's rows and shape, from the state its rounds leave on the
+        device (cached lengths, last tokens, liveness, streams), with `batch`'s grown KV reservation and the rows the
+        host has ended (`finished`) killed. Nothing waits for the device."""
+        self.planner.extend(batch, finished)
+        return self._run(len(batch.seqs))
+
+    def _run(self, num_rows: int) -> VerifyStep:
+        """Run the staged launch and queue its rounds' read-back into the next of the two host buffers."""
+        shape = self.shape
+        if self.use_graph:
+            self.graphs.replay(shape)
         else:
             self.launch(shape)
         n = shape.num_steps * out_width(shape.num_rows // shape.num_query, shape.num_query)
-        host = self.host_out[:n]
+        self.turn ^= 1
+        host, copied = self.host_out[self.turn][:n], self.copied[self.turn]
         host.copy_(self.out[:n], non_blocking=True)
-        if self.copied is not None:
-            self.copied.record(torch.cuda.current_stream(self.runner.device))
+        if copied is not None:
+            copied.record(torch.cuda.current_stream(self.runner.device))
         values = host.view(shape.num_steps, -1)
-        return VerifyStep(values, self.copied, plan.num_rows, shape.num_rows // shape.num_query, shape.num_query)
+        return VerifyStep(values, copied, num_rows, shape.num_rows // shape.num_query, shape.num_query)
 
     def launch(self, shape: LaunchShape) -> None:
         """The launch's device work on the staged inputs (what `DecodeGraphs` captures for its shape)."""

@@ -6,15 +6,20 @@ a round costs in plain steps:
 
     verify iff  g  >=  t_round / t_plain
 
-g is the kept tokens per live sequence per round of recent verify launches (an exponentially weighted mean), t_round
-a verify launch's wall time per round (host work included: it is not pipelined) and t_plain a plain decode step's
-(the pipeline's period), the medians of the last few measured in the range; the rule needs no constant measured
-elsewhere. Every so often a launch in the range does the other thing once (verify while the rule says plain; plain
-while it says verify), so both times and g stay current: after `PROBE_EVERY` launches at first; a probe that verified
-and did not pay doubles the interval (up to `MAX_PROBE_EVERY`), one that paid, or a launch that verifies on the rule's
-own say, brings it back, so where verifying loses (a model that rambles) the probes cost a few launches a run.
-A plain step's time is learnt only from a plain launch with another launched behind it (the pipeline's period), so
-while none is known, and after a probe towards plain, the rule runs two plain launches.
+g is the kept tokens per live sequence per round of recent verify launches (an exponentially weighted mean of each
+launch's `launch_gain`), t_round a verify launch's wall time per round and t_plain a plain decode step's (both the
+pipeline's period: verify launches chain like plain ones), the medians of the last few measured in the range; the
+rule needs no constant measured elsewhere. A launch's gain is the harmonic mean of its rows' kept tokens per round,
+weighted by their live rounds, not the arithmetic one: the generation ends with its last row, and a row's time to
+its end goes as 1 / its gain, so the mean time of a row, not the mean gain, says what verifying saves.
+
+Every so often a launch in the range does the other thing once (verify while the rule says plain; plain while it
+says verify), so both times and g stay current: after `PROBE_EVERY` launches at first; a probe that verified and did
+not pay doubles the interval (up to `MAX_PROBE_EVERY`), one that paid, or a launch that verifies on the rule's own
+say, brings it back, so where verifying loses (a model that rambles) the probes cost a few launches a run. A plain
+step's time is learnt only from a plain launch with another launched behind it (the pipeline's period), so while
+none is known, and after a probe towards plain, the rule runs two plain launches; a verify launch read with nothing
+behind it is timed from its launch to its read (LLMEngine._keep_verified).
 
 `always` verifies every launch in the range: for tests and for measuring acceptance.
 """
@@ -31,6 +36,13 @@ MAX_PROBE_EVERY = 512
 DECAY = 0.3  # weight of the newest launch in g
 PRIOR_GAIN = 2.0  # g before any verify launch: verify once to measure it
 TIMES_KEPT = 8
+
+
+def launch_gain(kept: list[int], rounds: list[int]) -> float:
+    """Kept tokens per round of a verify launch's rows (`kept` tokens in `rounds` live rounds, per row): their
+    harmonic mean weighted by live rounds, sum(rounds) / sum(rounds / gain) (1.0 with no live row)."""
+    time = sum(r * r / k for k, r in zip(kept, rounds, strict=True) if r)
+    return sum(rounds) / time if time else 1.0
 
 
 class DraftPolicy:

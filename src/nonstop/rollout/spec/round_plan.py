@@ -50,7 +50,7 @@ class RoundPlanner:
         T, S = max_rows * num_query, streams.tokens_SL.shape[0]
         i64, i32, f32 = torch.int64, torch.int32, torch.float32
         layout = {name: ((max_rows,), i64) for name in ("last_token", "cached", "max_len", "kv_cap", "prompt_len",
-                                                         "own", "live")}  # fmt: skip
+                                                         "own", "live", "kill")}  # fmt: skip
         layout |= {name: ((T,), i64) for name in ("top_k", "seed", "sample_index", "min_tokens")}
         layout |= {"temperature": ((T,), f32), "top_p": ((T,), f32), "lengths": ((S,), i64)}
         layout |= {"streams": ((max_rows, max_streams), i64), "stop_ids": ((max_rows, MAX_STOP_IDS), i64)}
@@ -82,6 +82,7 @@ class RoundPlanner:
         host["kv_cap"][:N] = batch.kv_capacity
         host["own"][:N] = own_N
         host["live"][:N] = 1
+        host["kill"][:N] = 0
         host["streams"][:N, :G] = streams_NG[:, :G]
         host["lengths"][:] = lengths_S
         width = int(max(batch.kv_capacity) - 1) // B + 1
@@ -114,12 +115,27 @@ class RoundPlanner:
                             window, G)  # fmt: skip
         return RoundPlan(shape, use_graph, N, banned)
 
+    def extend(self, batch: ScheduledBatch, finished: list[bool]) -> None:
+        """The next launch of a chain (rounds.py runs it on the rows as the launch before left them on the device):
+        each row's grown KV reservation and block table, and the rows the host has ended since (`finished`: a stop
+        string, a stop id the rounds do not check, max_tokens) killed; only those fields are uploaded."""
+        host = self.fields.host_fields()
+        running = [n for n, done in enumerate(finished) if not done]
+        host["kill"][: len(finished)] = finished
+        if running:
+            seqs = [batch.seqs[n] for n in running]
+            caps = [batch.kv_capacity[n] for n in running]
+            width = (max(caps) - 1) // self.block_size + 1
+            host["kv_cap"][running] = caps
+            host["block_tables"][running, :width] = self.rows.block_tables[self.rows.sync(seqs), :width]
+        self.fields.upload(("kv_cap", "block_tables", "kill"))
+
     def pad(self, fields: dict, start: int, end: int, Q: int) -> None:
         """Rows [start, end) of the fields (staging numpy views or device views; `Q` query slots a row) as padding:
         not live, token 0 at position 0 over the scratch block and stream, sampled greedily."""
         scratch = self.streams.scratch
         for name, value in (("last_token", 0), ("cached", 0), ("max_len", 2), ("kv_cap", 0), ("prompt_len", 0),
-                            ("own", scratch), ("live", 0)):  # fmt: skip
+                            ("own", scratch), ("live", 0), ("kill", 0)):  # fmt: skip
             fields[name][start:end] = value
         for name, value in (("temperature", 0), ("top_k", 0), ("top_p", 1), ("seed", 0), ("sample_index", 0),
                             ("min_tokens", 0)):  # fmt: skip
@@ -132,16 +148,16 @@ class RoundPlanner:
 @dataclass
 class VerifyOutcome:
     """What a verify launch kept, per row of the batch (rounds in order): token ids and log-probs, draft tokens
-    kept, draft tokens proposed, rounds the row was live in; and the launch's rounds with a live row, and the
-    (row, round) pairs that had a draft."""
+    kept, draft tokens proposed, rounds the row was live in, rounds it was live with a draft; and the launch's
+    rounds with a live row."""
 
     token_ids: list[list[int]]
     logprobs: list[list[float]]
     accepted: list[int]
     drafted: list[int]
     live_rounds: list[int]
+    drafting: list[int]
     num_rounds: int
-    num_drafting: int
 
 
 class VerifyStep:
@@ -172,5 +188,5 @@ class VerifyStep:
             logprobs.append(lps)
         live_KN = kept_KN > 0
         return VerifyOutcome(token_ids, logprobs, accepted_KN.sum(0).tolist(), drafted_KN.sum(0).tolist(),
-                             live_KN.sum(0).tolist(), int(live_KN.any(1).sum()),
-                             int((live_KN & (drafted_KN > 0)).sum()))  # fmt: skip
+                             live_KN.sum(0).tolist(), (live_KN & (drafted_KN > 0)).sum(0).tolist(),
+                             int(live_KN.any(1).sum()))  # fmt: skip

@@ -78,6 +78,7 @@ def verify_rounds(runner, shape, dev: dict[str, Tensor], buffers: RoundBuffers, 
         cu_seqlens_k_t=None, max_seqlen_q=0, max_seqlen_k=0, context_slots_C=None,
         block_tables_NM=dev["block_tables"][:N], context_lens_N=context_lens_N, num_query_N=num_query_N,
     )  # fmt: skip
+    live_N.masked_fill_(dev["kill"][:N] > 0, 0)  # rows the host ended while the launch before ran (a chain)
     for r in range(K):
         drafts_ND, draft_len_N = drafter(window_SL, lengths_S, own_N, streams_NG, D)
         round_inputs(drafts_ND, draft_len_N, cached_N, last_N, live_N, dev["kv_cap"][:N], prompt_N,

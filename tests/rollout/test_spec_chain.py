@@ -1,0 +1,80 @@
+"""Chained verify launches (LLMEngine._chained_verify): the next launch on the same rows goes to the device before the
+one in flight is read. Outputs stay those of plain decoding; a row the host ends meanwhile (a stop the rounds do not
+check) is killed in the launch after next and computes nothing there; the KV reserved for a chained launch covers
+both launches' worst case; the draft rule's gain is the rows' harmonic mean."""
+
+import pytest
+from rollout_helpers import TINY, make_pair, random_prompts
+from spec_helpers import LaunchLog, PartlyWrongDrafter, host_stop_params, speculative_llm
+
+from nonstop.rollout import LLM, SamplingParams
+from nonstop.rollout.spec.policy import launch_gain
+
+V = TINY["vocab_size"]
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return make_pair("llama", seed=3)
+
+
+def test_chained_launches_keep_plain_outputs_and_kill_rows_the_host_ended(llama, monkeypatch):
+    """Six requests of different lengths; two of them stop at a token the rounds do not check (more stop ids than
+    they hold), so the host ends them while the next launch is already on the device. A small KV pool makes the
+    blocks they free go to the other rows' next reservations."""
+    _, model = llama
+    prompts = random_prompts([5, 9, 13, 7, 11, 6], seed=4)
+    lengths = [30, 24, 70, 18, 36, 28]  # the third runs past the first launches' draft window (64 tokens)
+    free = LLM(model, block_size=4).generate(
+        prompts, [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in lengths]
+    )
+    params = host_stop_params(free, lengths, (1, 4), V)
+    kwargs = dict(block_size=4, num_kv_blocks=72)
+    plain = LLM(model, **kwargs).generate(prompts, params)
+    llm = speculative_llm(model, PartlyWrongDrafter.from_outputs(prompts, free, V), **kwargs)
+    engine = llm.llm_engine
+    log = LaunchLog(engine, monkeypatch)
+    out = llm.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in plain]
+    assert [o.outputs[0].finish_reason for o in out] == [o.outputs[0].finish_reason for o in plain]
+    stats = llm.stats
+    assert stats.num_chained_launches > 0 and stats.num_verify_launches > stats.num_chained_launches
+    assert len(log.kills) == len(log.live) == stats.num_verify_launches
+    log.assert_killed_rows_computed_nothing()
+    # A row the host ended was live in the launch chained behind the one that ended it: those tokens were dropped.
+    assert stats.num_discarded_tokens > 0
+
+
+def test_a_chained_launch_reserves_two_launches_of_rounds_and_ends_the_chain_when_they_do_not_fit(llama):
+    """`Scheduler.extend_rounds`: blocks for 2 x rounds x query slots past each sequence's last known token (within
+    max_tokens), or None, allocating nothing, when the free blocks are too few."""
+    _, model = llama
+    llm = speculative_llm(model, block_size=4, num_kv_blocks=64)
+    engine = llm.llm_engine
+    engine.add_request("a", random_prompts([6], seed=1)[0], SamplingParams(temperature=0, max_tokens=30))
+    while not engine.scheduler.running or engine.scheduler.running[0].num_cached_tokens < 6:
+        engine.step()
+    engine._process_in_flight()
+    seq = engine.scheduler.running[0]
+    batch = engine.scheduler.schedule((1, 5))
+    assert batch.num_rounds == 1 and batch.kv_capacity == [seq.num_cached_tokens + 5]
+    extended = engine.scheduler.extend_rounds(batch)
+    cap = seq.num_cached_tokens + 2 * 5
+    assert extended.kv_capacity == [cap] and len(seq.block_table) == -(-cap // 4)
+    assert batch.kv_capacity == [seq.num_cached_tokens + 5]  # the launch in flight keeps its own batch
+    bm = engine.block_manager
+    taken = bm.allocate_blocks(bm.num_free_blocks)
+    held = list(seq.block_table)
+    far = engine.scheduler.extend_rounds(type(batch)(**{**vars(batch), "num_rounds": 4}))
+    assert far is None and seq.block_table == held
+    bm.release_blocks(taken)
+
+
+def test_the_gain_is_the_rows_harmonic_mean_weighted_by_live_rounds():
+    # Rows keeping 8 tokens in 4 rounds (2 a round) and 2 in 2 (1 a round): 6 rounds over 4 / 2 + 2 / 1 = 4.
+    assert launch_gain([8, 2], [4, 2]) == pytest.approx(1.5)
+    # A row the host had ended (nothing kept, no round) does not count; no live row at all: 1.
+    assert launch_gain([8, 0, 2], [4, 0, 2]) == pytest.approx(1.5)
+    assert launch_gain([0, 0], [0, 0]) == 1.0
+    # Equal rows: their common gain.
+    assert launch_gain([6, 6, 6], [3, 3, 3]) == pytest.approx(2.0)
