@@ -73,8 +73,8 @@ def test_a_chained_launch_reserves_two_launches_of_rounds_and_ends_the_chain_whe
 def test_the_gain_is_the_rows_harmonic_mean_weighted_by_live_rounds():
     # Rows keeping 8 tokens in 4 rounds (2 a round) and 2 in 2 (1 a round): 6 rounds over 4 / 2 + 2 / 1 = 4.
     assert launch_gain([8, 2], [4, 2]) == pytest.approx(1.5)
-    # A row the host had ended (nothing kept, no round) does not count; no live row at all: 1.
+    # A row the host had ended (nothing kept, no round) does not count; no live row at all: nothing to learn.
     assert launch_gain([8, 0, 2], [4, 0, 2]) == pytest.approx(1.5)
-    assert launch_gain([0, 0], [0, 0]) == 1.0
+    assert launch_gain([0, 0], [0, 0]) is None
     # Equal rows: their common gain.
     assert launch_gain([6, 6, 6], [3, 3, 3]) == pytest.approx(2.0)

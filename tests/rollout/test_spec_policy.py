@@ -91,3 +91,22 @@ def test_where_verifying_loses_the_rule_settles_on_plain_and_keeps_plain_times_c
     at = run(p, 2000, tokens=1.3, round_s=2.0)
     assert p.cost_ratio() == pytest.approx(2.0) and at[0] == 2  # two plain launches, then a verify launch
     assert len([i for i in at if i >= 100]) <= 1900 / PROBE_EVERY / 4
+
+
+def test_a_probe_read_after_the_next_decision_still_counts_as_a_probe():
+    """A chained launch is read after the rule decided the next launch: its outcome is judged by the decision that
+    launched it. A probe towards verifying that did not pay doubles the interval even when read after a plain
+    decision (judged by the later decision it would look like verifying on merit and reset the interval)."""
+    p = policy()
+    p.plain_times.extend([1.0] * 4)
+    p.round_times.extend([3.0] * 4)
+    p.gain = 1.0  # verifying does not pay: 1 < 3
+    while not p.may_verify():
+        p.decoded(num_steps=1, wall_s=1.0)
+    decision = p.decision
+    assert decision == (True, True)  # a probe towards verifying
+    assert not p.may_verify()  # the next launch: plain, decided before the probe is read
+    p.verified(1.0, 3.0, decision)
+    assert p.probe_every == 2 * PROBE_EVERY
+    p.verified(None, 3.0, (False, False))  # a launch with no live row teaches its time only
+    assert p.probe_every == 2 * PROBE_EVERY and p.gain == pytest.approx(1.0) and len(p.round_times) == 6

@@ -57,6 +57,7 @@ class _InFlight:
     launched_at: float = 0.0
     verify: ScheduledBatch | None = None  # a verify launch's batch (`sampled` is its `VerifyStep`)
     captured: bool = False  # ... which captured its CUDA graph
+    decision: tuple[bool, bool] = (False, False)  # ... and the draft rule's decision that launched it
 
 
 # Multi-step decode's default on CUDA, where chaining decode steps hides the host's per-step work (measured in
@@ -190,7 +191,7 @@ class LLMEngine:
         if not batch.seqs and self.in_flight is None:
             assert self.scheduler.is_finished(), "unfinished requests but nothing could be scheduled"
             return outputs
-        launched, verify, captured = None, batch.num_rounds > 0, False
+        launched, verify, captured, num_seqs = None, batch.num_rounds > 0, False, len(batch.seqs)
         prefill = not verify and max(batch.num_new_tokens, default=0) > 1
         if batch.seqs:
             timed = not verify and not prefill and spec is not None and spec.in_range(self.scheduler)
@@ -200,7 +201,9 @@ class LLMEngine:
             runner = self.model_runner
             try:
                 if chained:
-                    sampled = runner.continue_verify(batch, [seq.is_finished for seq in batch.seqs])
+                    killed = [seq.is_finished for seq in batch.seqs]
+                    sampled = runner.continue_verify(batch, killed)
+                    num_seqs -= sum(killed)
                 else:
                     sampled = runner.launch_verify(batch, self._group) if verify else runner.launch(batch)
             except BaseException:
@@ -219,7 +222,7 @@ class LLMEngine:
                 stats.num_verify_launches += 1
                 stats.num_chained_launches += chained
                 # Read behind the next launch of its chain (async), or now; its outcome teaches the draft rule.
-                launched = _InFlight(sampled, SampledRows(), 0, launched_at, verify=batch, captured=captured)
+                launched = _InFlight(sampled, SampledRows(), 0, launched_at, batch, captured, spec.policy.decision)
                 if not self.args.async_scheduling:
                     self.in_flight, launched = launched, None
                     outputs += self._process_in_flight()
@@ -246,7 +249,7 @@ class LLMEngine:
             # leave a step running into the caller's next move (weight update, release).
             self._process_in_flight()
         elapsed = time.perf_counter() - start  # async: about one device step once the pipeline is full
-        entry = StepLogEntry(elapsed, len(batch.seqs), self.scheduler.kv_blocked, decode=not prefill)
+        entry = StepLogEntry(elapsed, num_seqs, self.scheduler.kv_blocked, decode=not prefill)
         for window in self.windows:
             window.steps.append(entry)
         if verify:
@@ -318,7 +321,7 @@ class LLMEngine:
         self.model_runner.verify.kept(batch.seqs)
         wall_s = self.last_read_at - max(in_flight.launched_at, previous_read)
         round_s = None if in_flight.captured else wall_s / batch.num_rounds
-        self.speculator.policy.verified(launch_gain(result.kept, result.rounds), round_s)
+        self.speculator.policy.verified(launch_gain(result.kept, result.rounds), round_s, in_flight.decision)
         return self._finished_outputs(result.finished)
 
     def _finished_outputs(self, finished: list[Sequence]) -> list[RequestOutput]:

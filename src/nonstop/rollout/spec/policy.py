@@ -38,11 +38,12 @@ PRIOR_GAIN = 2.0  # g before any verify launch: verify once to measure it
 TIMES_KEPT = 8
 
 
-def launch_gain(kept: list[int], rounds: list[int]) -> float:
+def launch_gain(kept: list[int], rounds: list[int]) -> float | None:
     """Kept tokens per round of a verify launch's rows (`kept` tokens in `rounds` live rounds, per row): their
-    harmonic mean weighted by live rounds, sum(rounds) / sum(rounds / gain) (1.0 with no live row)."""
+    harmonic mean weighted by live rounds, sum(rounds) / sum(rounds / gain); None with no live row (a chain's last
+    launch, behind the one that ended every row)."""
     time = sum(r * r / k for k, r in zip(kept, rounds, strict=True) if r)
-    return sum(rounds) / time if time else 1.0
+    return sum(rounds) / time if time else None
 
 
 class DraftPolicy:
@@ -86,15 +87,25 @@ class DraftPolicy:
             self.hold_plain = 1  # a probe towards plain: two plain launches, so that one is timed
         return verify != self.probing
 
-    def verified(self, tokens_per_round: float, round_s: float | None) -> None:
-        """A verify launch's outcome: kept tokens per live sequence per round, and its wall time per round (None: not
-        a launch's time, e.g. it captured a CUDA graph)."""
+    @property
+    def decision(self) -> tuple[bool, bool]:
+        """The last `may_verify`'s (probing, probe towards verifying): a launch read later (chained) reports it."""
+        return self.probing, self.probe_verify
+
+    def verified(self, tokens_per_round: float | None, round_s: float | None,
+                 decision: tuple[bool, bool] | None = None) -> None:  # fmt: skip
+        """A verify launch's outcome: kept tokens per live sequence per round (None: no live sequence, nothing
+        learnt), its wall time per round (None: not a launch's time, e.g. it captured a CUDA graph), and the decision
+        that launched it (`decision` when it was taken; default: the last one)."""
+        probing, probe_verify = decision if decision is not None else self.decision
         if round_s is not None:
             self.round_times.append(round_s)
+        if tokens_per_round is None:
+            return
         self.gain += DECAY * (tokens_per_round - self.gain)
-        if self.probe_verify:  # a probe towards verifying: did it pay?
+        if probe_verify:  # a probe towards verifying: did it pay?
             self.probe_every = PROBE_EVERY if self._pays() else min(2 * self.probe_every, MAX_PROBE_EVERY)
-        elif not self.probing:
+        elif not probing:
             self.probe_every = PROBE_EVERY  # verifying on merit: probes towards plain keep plain times current
 
     def decoded(self, num_steps: int, wall_s: float) -> None:
