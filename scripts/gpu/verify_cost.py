@@ -4,7 +4,11 @@ bookkeeping), against a plain decode step's period at the same rows. Chained lau
 device's: then a round's wall time comes close to its device time. Random weights in a model's shape, fixed-length
 responses; every row drafts its full length every round (a stand-in drafter), so the device time is the worst case.
 
-    python3 scripts/gpu/verify_cost.py [--shape smollm2-135m] [--rows 8,32,64] [--drafts 2,4,8] [--out cost.json]
+    python3 scripts/gpu/verify_cost.py [--shape smollm2-135m] [--rows 8,32,64] [--drafts 2,4,8] [--unchained]
+        [--out cost.json]
+
+`--unchained` also measures each case with every verify launch read before the next is planned (marked * in the
+table).
 """
 
 from __future__ import annotations
@@ -109,7 +113,7 @@ def kernel_table(llm, prompts, params) -> list:
 
 
 def measure(model, rows: int, drafts: int | None, tokens: int, K: int, timers: Timers,
-            profile_kernels: bool = False) -> dict:  # fmt: skip
+            profile_kernels: bool = False, chain: bool = True) -> dict:  # fmt: skip
     prompts = [torch.randint(0, min(1000, model.config.vocab_size), (96,)).tolist() for _ in range(rows // 8)]
     params = SamplingParams(n=8, temperature=0.6, max_tokens=tokens, seed=0, ignore_eos=True)
     kwargs = {}
@@ -119,6 +123,8 @@ def measure(model, rows: int, drafts: int | None, tokens: int, K: int, timers: T
     llm = LLM(model, max_num_seqs=rows, gpu_memory_utilization=0.3, num_scheduler_steps=K, **kwargs)
     if drafts is not None:
         llm.llm_engine.model_runner.verify.drafter = full_drafter
+    if not chain:  # every verify launch read before the next is planned (the engine before chaining)
+        llm.llm_engine._chained_verify = lambda: None
     llm.generate(prompts, params)  # warm-up: graph captures
     timers.clear()
     device_sync()
@@ -126,7 +132,7 @@ def measure(model, rows: int, drafts: int | None, tokens: int, K: int, timers: T
     llm.generate(prompts, params)
     device_sync()
     wall = time.perf_counter() - start
-    row = {"rows": rows, "drafts": drafts, "wall_s": wall}
+    row = {"rows": rows, "drafts": drafts, "chain": chain, "wall_s": wall}
     if drafts is None:
         row["step_ms"] = wall / tokens * 1e3
     else:
@@ -151,6 +157,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=192)
     parser.add_argument("--out", default=None)
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--unchained", action="store_true", help="also each case with verify launches unchained")
     parser.add_argument("--profile", default="64:8", help="rows:drafts whose kernels are profiled (and plain at rows)")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -165,22 +172,25 @@ def main() -> None:
         plain = measure(model, rows, None, args.tokens, K, timers, rows == prof_rows)
         rows_out.append(plain)
         for drafts in [int(d) for d in args.drafts.split(",")]:
-            row = measure(model, rows, drafts, args.tokens, K, timers, (rows, drafts) == (prof_rows, prof_drafts))
-            row["round_over_step"] = row["round_wall_ms"] / plain["step_ms"]
-            row["device_over_step"] = row["device_ms"] / plain["step_ms"]
-            rows_out.append(row)
+            for chain in (True, False) if args.unchained else (True,):
+                profiled = chain and (rows, drafts) == (prof_rows, prof_drafts)
+                row = measure(model, rows, drafts, args.tokens, K, timers, profiled, chain)
+                row["round_over_step"] = row["round_wall_ms"] / plain["step_ms"]
+                row["device_over_step"] = row["device_ms"] / plain["step_ms"]
+                rows_out.append(row)
     for r in rows_out:
         if "kernels" in r:
             print(f"\nkernels, rows {r['rows']} drafts {r['drafts']} (us per round/step):")
             for name, us in r["kernels"]:
                 print(f"  {us:8.1f}  {name}")
-    print(f"\n{'rows':>5} {'D':>3} {'step/round ms':>14} {'device':>7} {'plan':>6} {'read':>6} {'keep':>6} "
+    print(f"\n{'rows':>5} {'D':>4} {'step/round ms':>13} {'device':>7} {'plan':>6} {'read':>6} {'keep':>6} "
           f"{'round/step':>10} {'device/step':>11} {'chained':>7}")  # fmt: skip
     for r in rows_out:
         if r["drafts"] is None:
-            print(f"{r['rows']:>5} {'-':>3} {r['step_ms']:>14.3f}")
+            print(f"{r['rows']:>5} {'-':>4} {r['step_ms']:>13.3f}")
         else:
-            print(f"{r['rows']:>5} {r['drafts']:>3} {r['round_wall_ms']:>14.3f} {r['device_ms']:>7.3f} "
+            mark = "" if r["chain"] else "*"
+            print(f"{r['rows']:>5} {r['drafts']:>3}{mark:1} {r['round_wall_ms']:>13.3f} {r['device_ms']:>7.3f} "
                   f"{r['plan_ms']:>6.3f} {r['read_ms']:>6.3f} {r['keep_ms']:>6.3f} {r['round_over_step']:>10.2f} "
                   f"{r['device_over_step']:>11.2f} {r['chained_frac']:>7.2f}")  # fmt: skip
     if args.out:

@@ -45,6 +45,23 @@ def test_chained_launches_keep_plain_outputs_and_kill_rows_the_host_ended(llama,
     assert stats.num_discarded_tokens > 0
 
 
+def test_no_launch_is_chained_behind_one_that_reaches_every_rows_max_tokens(llama, monkeypatch):
+    """Once every running row is expected to reach max_tokens within the launch in flight (at the rule's kept tokens
+    a round), nothing is chained behind it: every verify launch has a live row. (Without the check the last launch
+    here has none.)"""
+    _, model = llama
+    prompts = random_prompts([5, 9, 13], seed=5)
+    params = SamplingParams(n=2, temperature=0, max_tokens=23, ignore_eos=True)
+    plain = LLM(model, block_size=4).generate(prompts, params)
+    llm = speculative_llm(model, PartlyWrongDrafter.from_outputs(prompts, plain, V), block_size=4,
+                          num_scheduler_steps=4)  # fmt: skip
+    log = LaunchLog(llm.llm_engine, monkeypatch)
+    out = llm.generate(prompts, params)
+    assert [c.token_ids for o in out for c in o.outputs] == [c.token_ids for o in plain for c in o.outputs]
+    assert llm.stats.num_chained_launches > 0
+    assert all(any(rounds > 0 for rounds in live) for live in log.live)
+
+
 def test_a_chained_launch_reserves_two_launches_of_rounds_and_ends_the_chain_when_they_do_not_fit(llama):
     """`Scheduler.extend_rounds`: blocks for 2 x rounds x query slots past each sequence's last known token (within
     max_tokens), or None, allocating nothing, when the free blocks are too few."""

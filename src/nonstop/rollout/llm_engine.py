@@ -100,6 +100,7 @@ class LLMEngine:
         self.stop_strings = StopStrings(tokenizer)
         spec = args.speculative_config
         self.speculator = Speculator(spec) if spec.method != "off" else None
+        self.kept_per_round: dict[int, float] = {}  # per sequence, in the last verify launch read
 
     @property
     def stats(self) -> SchedulerStats:
@@ -267,7 +268,8 @@ class LLMEngine:
         a launch hides behind the next. None (read the launch in flight, plan afresh) when no verify launch is in
         flight, when the running sequences would draft another number of tokens or fill at most half the rows
         (planned afresh, they take a smaller CUDA graph), when the launch's shape cannot hold another (its draft
-        window), or when the KV blocks do not fit."""
+        window), when every running sequence is expected to reach its max_tokens in the launch in flight, or when the
+        KV blocks do not fit."""
         in_flight = self.in_flight
         if not self.args.async_scheduling or in_flight is None or in_flight.verify is None:
             return None
@@ -276,6 +278,12 @@ class LLMEngine:
         if launcher.num_query_for(running) != batch.num_query or 2 * running <= launcher.num_rows_for(len(batch.seqs)):
             return None
         if not launcher.can_continue(batch):
+            return None
+        # Rows expected to reach max_tokens within the launch in flight (at the kept tokens a round each had in the
+        # last launch read, at least one) are done after it: a launch behind it would compute no live row, dearer
+        # than planning afresh when the guess was wrong.
+        K, rates = batch.num_rounds, self.kept_per_round
+        if all(len(s.token_ids) + K * rates.get(s.seq_id, 1.0) >= s.max_num_tokens for s in self.scheduler.running):
             return None
         return self.scheduler.extend_rounds(batch)
 
@@ -322,6 +330,8 @@ class LLMEngine:
         wall_s = self.last_read_at - max(in_flight.launched_at, previous_read)
         round_s = None if in_flight.captured else wall_s / batch.num_rounds
         self.speculator.policy.verified(launch_gain(result.kept, result.rounds), round_s, in_flight.decision)
+        rows = zip(batch.seqs, result.kept, result.rounds, strict=True)
+        self.kept_per_round = {seq.seq_id: k / r for seq, k, r in rows if r}
         return self._finished_outputs(result.finished)
 
     def _finished_outputs(self, finished: list[Sequence]) -> list[RequestOutput]:

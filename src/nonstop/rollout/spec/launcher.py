@@ -102,8 +102,10 @@ class VerifyLauncher:
         """Whether the last launch's shape holds a launch chained behind it: its draft window (the CPU drafter's
         scan; 0 on CUDA: whole streams) must cover every stream as long as the two launches may make it."""
         window = self.shape.draft_window
+        if not window or window >= self.streams.capacity:
+            return True
         ahead = 2 * batch.num_rounds * batch.num_query
-        return not window or max(len(seq.token_ids) for seq in batch.seqs) + ahead <= window
+        return max(len(seq.token_ids) for seq in batch.seqs) + ahead <= window
 
     def continue_batch(self, batch: ScheduledBatch, finished: list[bool]) -> VerifyStep:
         """Queue the next launch of a chain: the last launch's rows and shape, from the state its rounds leave on the

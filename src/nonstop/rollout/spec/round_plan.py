@@ -25,6 +25,7 @@ from nonstop.rollout.step_plan import LaunchShape
 
 MAX_STOP_IDS = 8  # a row with more stop ids is stopped by the host alone (its rounds run on, their tokens dropped)
 MIN_WINDOW = 64  # draft windows are powers of two from this on (a CUDA graph per window met)
+CHAINED_WINDOW = 4  # launches a draft window holds the streams' growth for
 
 
 @dataclass
@@ -109,7 +110,9 @@ class RoundPlanner:
         if self.fields.device.type == "cuda":
             window, G = 0, 0  # the CUDA drafter reads each stream's length and count: no graph per window
         else:
-            window = min(max(MIN_WINDOW, 1 << (longest + num_rounds * Q - 1).bit_length()), self.streams.capacity)
+            # Room for this launch and CHAINED_WINDOW - 1 more chained behind it (LLMEngine._chained_verify).
+            reach = longest + CHAINED_WINDOW * num_rounds * Q
+            window = min(max(MIN_WINDOW, 1 << (reach - 1).bit_length()), self.streams.capacity)
         shape = LaunchShape(NB * Q, num_rounds, 0, 0, bool(banned), not sampled_N.any(),
                             bool((sampled_N & (top_k_N > 0)).any()), bool((sampled_N & (top_p_N < 1)).any()), Q,
                             window, G)  # fmt: skip
