@@ -9,7 +9,7 @@
 #   (d) sync GRPO steps from that checkpoint with and without speculation, in one run (`nonstop bench spec-steps`):
 #       timing_s/gen and timing_s/step per side, paired
 # $OUT gets summary.txt, bench_untrained.json, bench_trained.json, spec_steps.json and logs.tgz (every log).
-# SKIP_TESTS=1, SKIP_BENCH=1 (both benches), SKIP_TRAIN=1 (the checkpoint of an earlier call on this machine),
+# SKIP_TESTS=1, SKIP_BENCH=1 (both benches), SKIP_UNTRAINED=1 (the untrained model's bench), SKIP_TRAIN=1 (the checkpoint of an earlier call on this machine),
 # SKIP_AB=1 skip parts. STEPS (GRPO steps of (c), default 15), LR (its learning rate, default 1e-5), AB_PAIRS (timed
 # pairs of (d), default 4), TEMPS, PROMPTS and REPEATS (of (b), default 0.6,1.0, 1,8,32 and 3), TRAINED_REPEATS
 # (default 2) change the sizes; SPEC="key=value ..." sets speculative config keys everywhere; AB_FROM=untrained skips (c) and runs (d)
@@ -29,7 +29,7 @@ TRAIN=(python3 -m nonstop train examples/gsm8k_smollm2.yaml data.train_files=/tm
 
 [ -n "${SKIP_TESTS:-}" ] || gpu_test tests 180 tests/rollout/test_spec_gpu.py tests/kernels/test_paged_verify.py tests/kernels/test_suffix_match.py tests/kernels/test_verify_round.py
 
-[ -n "${SKIP_BENCH:-}" ] || t bench_untrained 180 python3 -m nonstop bench spec --model "$MODEL" --data "$DATA/train.jsonl" \
+[ -n "${SKIP_BENCH:-}${SKIP_UNTRAINED:-}" ] || t bench_untrained 180 python3 -m nonstop bench spec --model "$MODEL" --data "$DATA/train.jsonl" \
   --temperatures "${TEMPS:-0.6,1.0}" --prompts "${PROMPTS:-1,8,32}" --repeats "${REPEATS:-3}" \
   --out "$OUT/bench_untrained.json" ${SPEC[@]:+--spec "${SPEC[@]}"}
 

@@ -95,8 +95,9 @@ def test_chained_launches_under_graphs_kill_rows_the_host_ended(monkeypatch):
     id only the host checks while the next launch is on the device, a KV pool small enough that their freed blocks go
     to the others' next reservations. Outputs equal plain decoding's; the killed rows compute nothing."""
     _, model = cuda_model(dtype=torch.float32)
-    prompts = random_prompts([40, 90, 17, 33, 64, 21], vocab=V, seed=6)
-    lengths = [60, 48, 120, 36, 90, 70]
+    # Eight rows fill their graph bucket: with two ended the other six still fill more than half, so the chain goes on.
+    prompts = random_prompts([40, 90, 17, 33, 64, 21, 50, 12], vocab=V, seed=6)
+    lengths = [60, 48, 120, 36, 90, 70, 100, 80]
     kwargs = dict(num_kv_blocks=96, max_num_seqs=8)
     free = LLM(model, **kwargs).generate(
         prompts, [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in lengths]
