@@ -219,7 +219,6 @@ class LLMEngine:
                 stats.graph_capture_time_s += time.perf_counter() - launched_at
             timed = timed and not captured
             if verify:
-                stats.num_spec_range_steps += batch.num_rounds
                 stats.num_verify_launches += 1
                 stats.num_chained_launches += chained
                 # Read behind the next launch of its chain (async), or now; its outcome teaches the draft rule.

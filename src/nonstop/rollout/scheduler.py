@@ -344,6 +344,7 @@ class Scheduler:
         generated = stats.num_generated_tokens
         result.finished = self.update(rows, ids_R, lps_R)
         stats.num_verify_steps += rounds.num_rounds
+        stats.num_spec_range_steps += rounds.num_rounds  # rounds past every row's end are no decode step
         stats.num_verify_seqs += sum(result.rounds)
         stats.num_drafting_seqs += sum(d for d, ok in zip(rounds.drafting, counted, strict=True) if ok)
         stats.num_draft_tokens += sum(d for d, ok in zip(rounds.drafted, counted, strict=True) if ok)

@@ -71,9 +71,13 @@ def speculative_decoding(run: RunData) -> Finding:
         f"{verify_steps:.0f} verify rounds; {plain_steps:.0f} plain steps in the drafting range"
     )
     plain_s = run.total(SPEC_PLAIN_TIME_S)
-    if not verify_steps or not plain_steps:
+    if not verify_steps or not plain_steps or not plain_s:
         f.status = CLEAR
-        f.evidence.append("every drafting-range step verified" if verify_steps else "no step verified")
+        f.evidence.append(
+            "no step verified" if not verify_steps
+            else "no plain step in the drafting range was timed" if plain_steps
+            else "every drafting-range step verified"
+        )  # fmt: skip
         return f
     speedup = tokens * (plain_s / plain_steps) / (run.total(SPEC_VERIFY_TIME_S) / verify_steps)
     f.evidence.append(f"a verify round measured {speedup:.2f}x the tokens per second of a plain step there")
