@@ -3,7 +3,7 @@
 import pytest
 
 from nonstop.config.rollout import SpeculativeConfig
-from nonstop.rollout.spec.policy import DECAY, MAX_PROBE_EVERY, PRIOR_GAIN, PROBE_EVERY, DraftPolicy
+from nonstop.rollout.spec.policy import DECAY, MARGIN, MAX_PROBE_EVERY, PRIOR_GAIN, PROBE_EVERY, DraftPolicy
 
 
 def policy(rule="auto") -> DraftPolicy:
@@ -110,3 +110,15 @@ def test_a_probe_read_after_the_next_decision_still_counts_as_a_probe():
     assert p.probe_every == 2 * PROBE_EVERY
     p.verified(None, 3.0, (False, False))  # a launch with no live row teaches its time only
     assert p.probe_every == 2 * PROBE_EVERY and p.gain == pytest.approx(1.0) and len(p.round_times) == 6
+
+
+def test_a_gain_just_above_the_cost_stays_plain():
+    """The gain must beat the cost by MARGIN (10%): 1.6 tokens a round against rounds of 1.5 plain steps stays plain,
+    1.7 verifies."""
+    assert MARGIN == pytest.approx(1.1)
+    for gain, verifies in ((1.6, False), (1.7, True)):
+        p = policy()
+        p.plain_times.extend([1.0] * 4)
+        p.round_times.extend([1.5] * 4)
+        p.gain = gain
+        assert p.may_verify() == verifies
