@@ -140,6 +140,27 @@ def test_a_stop_string_inside_an_accepted_draft(llama):
     assert start <= end < start + len(draft)
 
 
+@pytest.mark.parametrize("engine", ["multi-step", "spec"])
+def test_a_stop_string_completed_in_the_read_that_reaches_max_tokens(llama, engine):
+    """One read (8 decode steps, or a verify launch keeping 8 tokens) both completes a stop string at output token 5
+    and reaches max_tokens (8): the stop string ends the sample, as plain decoding one token a read does."""
+    _, model = llama
+    prompt = random_prompts([8], seed=8)[0]
+    free = LLM(model, block_size=4).generate([prompt], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    tokens = free[0].outputs[0].token_ids
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, stop=f"{tokens[3]} w{tokens[4]}")
+    plain = LLM(model, tokenizer=WordTokenizer(), block_size=4).generate([prompt], params)[0].outputs[0]
+    assert plain.token_ids == tokens[:5] and plain.finish_reason == "stop"
+    if engine == "spec":
+        drafter = PartlyWrongDrafter.from_outputs([prompt], free, V, wrong_every=0)
+        llm = speculative_llm(model, drafter, num_speculative_tokens=8, tokenizer=WordTokenizer(), block_size=4)
+    else:
+        llm = LLM(model, tokenizer=WordTokenizer(), block_size=4, num_scheduler_steps=8)
+    out = llm.generate([prompt], params)[0].outputs[0]
+    assert (out.token_ids, out.finish_reason, out.text) == (plain.token_ids, "stop", plain.text)
+    assert llm.stats.num_generated_tokens == 5
+
+
 def test_max_tokens_reached_mid_draft(llama):
     _, model = llama
     prompts = random_prompts([6, 11], seed=9)

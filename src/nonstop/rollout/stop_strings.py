@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nonstop.rollout.sequence import Sequence
+from nonstop.rollout.sequence import FinishReason, Sequence
 
 
 @dataclass
@@ -51,14 +51,20 @@ class StopStrings:
 
     def check(self) -> list[tuple[Sequence, int]]:
         """Detokenize every tracked sequence's newly known tokens; (sequence, token index) for each whose text now
-        contains a stop string, at the token that completed it. Finished sequences stop being tracked."""
+        contains a stop string, at the token that completed it. Finished sequences stop being tracked; one the update
+        just ended at a stop id or max_tokens is searched first: a multi-token read (multi-step decode, a verify
+        launch) can complete a stop string before that end, which then ends it instead."""
         hits = []
         for seq_id, (seq, state) in list(self.seqs.items()):
-            if seq.is_finished:
+            if seq.is_finished and seq.finish_reason == FinishReason.ABORT:
                 self.seqs.pop(seq_id)
                 self.finished[seq_id] = state
                 continue
             index = self._advance(seq, state)
+            if index is None and seq.is_finished:
+                self.seqs.pop(seq_id)
+                self.finished[seq_id] = state
+                continue
             if index is not None:
                 hits.append((seq, seq.num_prompt_tokens + index))
                 self.seqs.pop(seq_id)
