@@ -330,8 +330,12 @@ class Scheduler:
             seq.output_logprobs += lps
             seq.num_cached_tokens = len(seq.token_ids) - 1
             kept.append((seq, start, ids, lps))
-        result.rounds = [r if ok else 0 for r, ok in zip(rounds.live_rounds, counted, strict=True)]
-        result.kept = [len(ids) if ok else 0 for ids, ok in zip(rounds.token_ids, counted, strict=True)]
+
+        def only_counted(values: list[int]) -> list[int]:
+            return [v if ok else 0 for v, ok in zip(values, counted, strict=True)]
+
+        result.rounds = only_counted(rounds.live_rounds)
+        result.kept = only_counted([len(ids) for ids in rounds.token_ids])
         rows, ids_R, lps_R = result.sampled, [], []
         for j in range(max((len(ids) for _, _, ids, _ in kept), default=0)):
             for seq, start, ids, lps in kept:
@@ -346,9 +350,9 @@ class Scheduler:
         stats.num_verify_steps += rounds.num_rounds
         stats.num_spec_range_steps += rounds.num_rounds  # rounds past every row's end are no decode step
         stats.num_verify_seqs += sum(result.rounds)
-        stats.num_drafting_seqs += sum(d for d, ok in zip(rounds.drafting, counted, strict=True) if ok)
-        stats.num_draft_tokens += sum(d for d, ok in zip(rounds.drafted, counted, strict=True) if ok)
-        stats.num_accepted_tokens += sum(a for a, ok in zip(rounds.accepted, counted, strict=True) if ok)
+        stats.num_drafting_seqs += sum(only_counted(rounds.drafting))
+        stats.num_draft_tokens += sum(only_counted(rounds.drafted))
+        stats.num_accepted_tokens += sum(only_counted(rounds.accepted))
         stats.num_verify_tokens += stats.num_generated_tokens - generated
         stats.num_decode_steps += rounds.num_rounds - 1  # `schedule` counted the launch as one step
         return result
