@@ -68,13 +68,26 @@ for name in ("bench_untrained", "bench_trained"):
     if not path.exists():
         print(f"{name}: missing")
         continue
-    print(f"\n{name}: T seqs plain_s spec_s speedup +history_s speedup accept tok/verify verify_frac same")
-    for r in json.loads(path.read_text())["rows"]:
+    print(f"\n{name}: T seqs plain_s spec_s speedup x/len +history_s speedup accept tok/verify verify_frac same")
+    rows = json.loads(path.read_text())["rows"]
+    for r in rows:
         w, s = r["wall_s"], r["spec"]
         print(f"  {r['temperature']:.1f} {r['sequences']:4d} {w['plain']:.3f} {w['spec']:.3f} {r['speedup']:.2f}x "
-              f"{w['spec_history']:.3f} {r['speedup_history']:.2f}x {s.get('spec/acceptance_rate', 0):.2f} "
-              f"{s.get('spec/tokens_per_verify', 0):.2f} {s.get('spec/verify_step_frac', 0):.2f} "
-              f"{r['identical_to_plain']:.2f}")
+              f"{r.get('speedup_per_longest', 0):.2f}x {w['spec_history']:.3f} {r['speedup_history']:.2f}x "
+              f"{s.get('spec/acceptance_rate', 0):.2f} {s.get('spec/tokens_per_verify', 0):.2f} "
+              f"{s.get('spec/verify_step_frac', 0):.2f} {r['identical_to_plain']:.2f}")
+    for r in rows:  # where the time went, summed over the timed repeats: steps / seconds by launch kind
+        for side in ("plain", "spec"):
+            runs = r.get("steps", {}).get(side, [])
+            kinds = {}
+            for b in runs:
+                for k, v in b["kinds"].items():
+                    kinds.setdefault(k, [0, 0.0])
+                    kinds[k][0] += v["steps"]
+                    kinds[k][1] += v["s"]
+            print(f"  {r['temperature']:.1f} {r['sequences']:4d} {side:>5} longest "
+                  f"{[b['longest'] for b in runs]} outside {sum(b['outside_s'] for b in runs):.3f} " +
+                  " ".join(f"{k} {n}/{t:.3f}" for k, (n, t) in sorted(kinds.items())))
 trained = steps(run / "metrics.jsonl")
 if trained:
     print(f"\ntraining: {len(trained)} steps, actor/entropy {trained[0].get('actor/entropy')} -> "

@@ -37,3 +37,15 @@ def test_offline_spec_bench_replays_plain_generations(tmp_path, capsys):
     every = row["every_step"]
     assert every["verify_steps"] == every["steps"]
     assert "epoch2_history" in capsys.readouterr().out
+
+
+def test_step_breakdown_sums_the_steps_by_launch_and_keeps_the_rest_outside():
+    from nonstop.rollout.metrics import StepLogEntry
+
+    steps = [StepLogEntry(0.5, 3, False, decode=False, launch="prefill")]
+    steps += [StepLogEntry(0.25, 3, False, launch="verify"), StepLogEntry(0.125, 3, False, launch="chained")]
+    steps += [StepLogEntry(0.25, 2, False, launch="chained"), StepLogEntry(0.0625, 0, False)]
+    out = spec.step_breakdown(steps, 1.5, [[1, 2], [3, 4, 5], []])
+    assert out["kinds"] == {"prefill": {"steps": 1, "s": 0.5}, "verify": {"steps": 1, "s": 0.25},
+                            "chained": {"steps": 2, "s": 0.375}, "read": {"steps": 1, "s": 0.0625}}  # fmt: skip
+    assert out["outside_s"] == 1.5 - 1.1875 and out["longest"] == 3

@@ -95,3 +95,24 @@ def test_the_gain_is_the_rows_harmonic_mean_weighted_by_live_rounds():
     assert launch_gain([0, 0], [0, 0]) is None
     # Equal rows: their common gain.
     assert launch_gain([6, 6, 6], [3, 3, 3]) == pytest.approx(2.0)
+
+
+def test_the_step_log_names_what_each_step_launched(llama):
+    """Each engine step's log entry says what it launched (the bench's breakdown of a generation's time reads it): the
+    verify and chained entries count the engine's verify and chained launches, the first step prefills."""
+    _, model = llama
+    prompts = random_prompts([5, 9, 13], seed=6)
+    params = SamplingParams(n=2, temperature=0, max_tokens=40, ignore_eos=True)
+    plain = LLM(model, block_size=4).generate(prompts, params)
+    llm = speculative_llm(model, PartlyWrongDrafter.from_outputs(prompts, plain, V), block_size=4,
+                          num_scheduler_steps=4)  # fmt: skip
+    engine = llm.llm_engine
+    with engine.stats_window() as window:
+        llm.generate(prompts, params)
+    kinds = [step.launch for step in window.steps]
+    stats = llm.stats
+    assert kinds[0] == "prefill"
+    assert kinds.count("chained") == stats.num_chained_launches > 0
+    assert kinds.count("verify") + kinds.count("chained") == stats.num_verify_launches
+    assert set(kinds) <= {"prefill", "decode", "verify", "chained", ""}
+    assert all(step.decode == (step.launch != "prefill") for step in window.steps)

@@ -83,12 +83,29 @@ def sampling(args, temperature: float, num_prompts: int, seed: int) -> list[Samp
 
 
 def timed_generate(llm: LLM, prompts, params) -> tuple[list[list[int]], float, dict]:
+    """The samples' token ids, the wall time, and the call's metrics with `steps`: where the time went."""
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     sync()
-    start = time.perf_counter()
-    outputs = llm.generate(prompts, params)
-    sync()
-    return [c.token_ids for o in outputs for c in o.outputs], time.perf_counter() - start, dict(llm.metrics)
+    with llm.llm_engine.stats_window() as window:
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, params)
+        sync()
+        wall = time.perf_counter() - start
+    samples = [c.token_ids for o in outputs for c in o.outputs]
+    return samples, wall, {**llm.metrics, "steps": step_breakdown(window.steps, wall, samples)}
+
+
+def step_breakdown(steps, wall_s: float, samples: list[list[int]]) -> dict:
+    """Engine steps and their seconds by what each launched (prefill, decode, a verify launch planned afresh, one
+    chained behind the launch in flight, nothing), the seconds outside any step, and the longest sample's length (a
+    generation lasts as long as its longest sample: the sides' own samples differ)."""
+    kinds = {}
+    for step in steps:
+        kind = kinds.setdefault(step.launch or "read", {"steps": 0, "s": 0.0})
+        kind["steps"] += 1
+        kind["s"] += step.wall_s
+    outside = wall_s - sum(step.wall_s for step in steps)
+    return {"kinds": kinds, "outside_s": outside, "longest": max(map(len, samples), default=0)}
 
 
 def run_online(llm: LLM, prompts, args, temperature: float) -> dict:
@@ -99,6 +116,7 @@ def run_online(llm: LLM, prompts, args, temperature: float) -> dict:
     sides = {"plain": [], "spec": [], "spec_history": []}
     spec_metrics, history_metrics, identical = [], [], []
     captures = {side: [] for side in sides}  # seconds of CUDA-graph captures inside each timed run
+    breakdown = {side: [] for side in sides}  # per repeat: `step_breakdown`
     for repeat in range(args.repeats + 1):  # the first round warms up (graph captures, autotuning)
         params = sampling(args, temperature, len(prompts), seed=repeat)
         engine.speculator = None
@@ -118,16 +136,25 @@ def run_online(llm: LLM, prompts, args, temperature: float) -> dict:
         history_metrics.append(h_metrics)
         for side, m in (("plain", p_metrics), ("spec", metrics), ("spec_history", h_metrics)):
             captures[side].append(m.get("rollout/graph_capture_s", 0.0))
+            breakdown[side].append(m["steps"])
         identical.append(sum(a == b for a, b in zip(plain, spec, strict=True)) / len(plain))
     wall = {side: statistics.median(times) for side, times in sides.items()}
     # Paired per repeat: a repeat's seed sets its response lengths, and a round lasts as long as its longest response.
     paired = {side: statistics.median(p / s for p, s in zip(sides["plain"], sides[side], strict=True))
               for side in ("spec", "spec_history")}  # fmt: skip
+    # The same per token of each side's longest sample: the sides' samples differ (bf16 verify and decode round apart),
+    # and a generation lasts as long as its longest one; this takes that draw out of the ratio.
+    per_longest = statistics.median(
+        (p / bp["longest"]) / (s / bs["longest"])
+        for p, s, bp, bs in zip(sides["plain"], sides["spec"], breakdown["plain"], breakdown["spec"], strict=True)
+    )
     return {
         "wall_s": wall,
         "wall_s_all": sides,
         "speedup": paired["spec"],
         "speedup_history": paired["spec_history"],
+        "speedup_per_longest": per_longest,
+        "steps": breakdown,
         "spec": _mean_metrics(spec_metrics),
         "spec_history": _mean_metrics(history_metrics),
         "identical_to_plain": statistics.mean(identical),
@@ -215,12 +242,19 @@ def print_table(rows: list[dict], offline: bool) -> None:
                 print(f"{r['temperature']:>4} {r['sequences']:>5} {name:14} {s['acceptance_rate']:>7.2f} "
                       f"{s['tokens_per_verify']:>10.2f} {s['verify_steps']:>7} {speedups}")  # fmt: skip
         return
-    print(f"\n{'T':>4} {'seqs':>5} {'plain s':>8} {'spec s':>7} {'x':>5} {'+hist s':>8} {'x':>5} {'accept':>7} "
-          f"{'tok/verify':>10} {'verify':>7} {'same':>5} {'capture s':>9}")  # fmt: skip
+    print(f"\n{'T':>4} {'seqs':>5} {'plain s':>8} {'spec s':>7} {'x':>5} {'x/len':>5} {'+hist s':>8} {'x':>5} "
+          f"{'accept':>7} {'tok/verify':>10} {'verify':>7} {'same':>5} {'capture s':>9}")  # fmt: skip
     for r in rows:
         w, s = r["wall_s"], r["spec"]
         capture = "/".join(f"{c:.2f}" for c in r.get("graph_capture_s", {}).values())
         print(f"{r['temperature']:>4} {r['sequences']:>5} {w['plain']:>8.3f} {w['spec']:>7.3f} {r['speedup']:>5.2f} "
-              f"{w['spec_history']:>8.3f} {r['speedup_history']:>5.2f} {s.get('spec/acceptance_rate', 0):>7.2f} "
-              f"{s.get('spec/tokens_per_verify', 0):>10.2f} {s.get('spec/verify_step_frac', 0):>7.2f} "
-              f"{r['identical_to_plain']:>5.2f} {capture:>9}")  # fmt: skip
+              f"{r['speedup_per_longest']:>5.2f} {w['spec_history']:>8.3f} {r['speedup_history']:>5.2f} "
+              f"{s.get('spec/acceptance_rate', 0):>7.2f} {s.get('spec/tokens_per_verify', 0):>10.2f} "
+              f"{s.get('spec/verify_step_frac', 0):>7.2f} {r['identical_to_plain']:>5.2f} {capture:>9}")  # fmt: skip
+    print("\nwhere the time went (last repeat; steps / seconds by what each step launched; outside: not in a step)")
+    for r in rows:
+        for side in ("plain", "spec"):
+            b = r["steps"][side][-1]
+            kinds = " ".join(f"{k} {v['steps']}/{v['s']:.3f}" for k, v in sorted(b["kinds"].items()))
+            print(f"{r['temperature']:>4} {r['sequences']:>5} {side:>6} longest {b['longest']:>4} {kinds} "
+                  f"outside {b['outside_s']:.3f}")  # fmt: skip

@@ -183,7 +183,6 @@ class LLMEngine:
             if not chained:
                 outputs += self._process_in_flight()  # the rounds draft from every token of the running sequences
                 rounds = (self.num_scheduler_steps, self.model_runner.verify.num_query_for(len(self.scheduler.running)))
-                start = time.perf_counter()  # a verify launch's time: scheduling, launch, read, host work
                 batch = self.scheduler.schedule(rounds)
         else:
             if self.in_flight is not None and self.in_flight.verify is not None:
@@ -249,7 +248,9 @@ class LLMEngine:
             # leave a step running into the caller's next move (weight update, release).
             self._process_in_flight()
         elapsed = time.perf_counter() - start  # async: about one device step once the pipeline is full
-        entry = StepLogEntry(elapsed, num_seqs, self.scheduler.kv_blocked, decode=not prefill)
+        kind = "chained" if chained else "verify" if verify else "prefill" if prefill else "decode"
+        kind = kind if batch.seqs else ""
+        entry = StepLogEntry(elapsed, num_seqs, self.scheduler.kv_blocked, decode=not prefill, launch=kind)
         for window in self.windows:
             window.steps.append(entry)
         if verify:

@@ -32,6 +32,9 @@ class StepLogEntry:
     num_seqs: int  # sequences the step computed (each sample of a forked group counts once)
     kv_blocked: bool
     decode: bool = True  # the step computed no prompt token (decode or verify)
+    # What the step launched: "prefill" (any prompt token), "decode", "verify" (planned afresh), "chained" (a verify
+    # launch behind the one in flight), "" (nothing: it only read the step in flight).
+    launch: str = ""
 
 
 def rollout_metrics(stats: SchedulerStats, steps: list[StepLogEntry]) -> dict[str, float]:
