@@ -12,7 +12,7 @@
 # SKIP_TESTS=1, SKIP_BENCH=1 (both benches), SKIP_UNTRAINED=1 (the untrained model's bench), SKIP_TRAIN=1 (the checkpoint of an earlier call on this machine),
 # SKIP_AB=1 skip parts. STEPS (GRPO steps of (c), default 15), LR (its learning rate, default 1e-5), AB_PAIRS (timed
 # pairs of (d), default 4), TEMPS, PROMPTS and REPEATS (of (b), default 0.6,1.0, 1,8,32 and 3), TRAINED_REPEATS
-# (default 2) change the sizes; SPEC="key=value ..." sets speculative config keys everywhere; AB_FROM=untrained skips (c) and runs (d)
+# (default 2) change the sizes, BENCH_LIMIT each bench's time limit (s); SPEC="key=value ..." sets speculative config keys everywhere; AB_FROM=untrained skips (c) and runs (d)
 # from MODEL.
 source "$(dirname "$0")/common.sh"
 MODEL=${1:-$HOME/SmolLM2-135M-Instruct.Q4_1.gguf}
@@ -29,7 +29,7 @@ TRAIN=(python3 -m nonstop train examples/gsm8k_smollm2.yaml data.train_files=/tm
 
 [ -n "${SKIP_TESTS:-}" ] || gpu_test tests 180 tests/rollout/test_spec_gpu.py tests/kernels/test_paged_verify.py tests/kernels/test_suffix_match.py tests/kernels/test_verify_round.py
 
-[ -n "${SKIP_BENCH:-}${SKIP_UNTRAINED:-}" ] || t bench_untrained 180 python3 -m nonstop bench spec --model "$MODEL" --data "$DATA/train.jsonl" \
+[ -n "${SKIP_BENCH:-}${SKIP_UNTRAINED:-}" ] || t bench_untrained "${BENCH_LIMIT:-180}" python3 -m nonstop bench spec --model "$MODEL" --data "$DATA/train.jsonl" \
   --temperatures "${TEMPS:-0.6,1.0}" --prompts "${PROMPTS:-1,8,32}" --repeats "${REPEATS:-3}" \
   --out "$OUT/bench_untrained.json" ${SPEC[@]:+--spec "${SPEC[@]}"}
 
@@ -42,7 +42,7 @@ elif [ -z "${SKIP_TRAIN:-}" ]; then
     trainer.save_freq="$STEPS" trainer.default_local_dir="$RUN" actor_rollout_ref.actor.optim.lr="$LR"
 fi
 if [ -e "$CKPT" ]; then
-  [ "$CKPT" = "$MODEL" ] || [ -n "${SKIP_BENCH:-}" ] || t bench_trained 120 python3 -m nonstop bench spec --model "$CKPT" --data "$DATA/train.jsonl" \
+  [ "$CKPT" = "$MODEL" ] || [ -n "${SKIP_BENCH:-}" ] || t bench_trained "${BENCH_LIMIT:-120}" python3 -m nonstop bench spec --model "$CKPT" --data "$DATA/train.jsonl" \
     --temperatures 1.0 --prompts 1,8,32 --repeats "${TRAINED_REPEATS:-2}" --out "$OUT/bench_trained.json" ${SPEC[@]:+--spec "${SPEC[@]}"}
   [ -n "${SKIP_AB:-}" ] || t spec_steps 240 python3 -m nonstop bench spec-steps examples/gsm8k_smollm2.yaml --pairs "$AB_PAIRS" \
     --out "$OUT/spec_steps.json" data.train_files=/tmp/gsm8k/train.parquet data.val_files=/tmp/gsm8k/test.parquet \
