@@ -49,3 +49,40 @@ def test_step_breakdown_sums_the_steps_by_launch_and_keeps_the_rest_outside():
     assert out["kinds"] == {"prefill": {"steps": 1, "s": 0.5}, "verify": {"steps": 1, "s": 0.25},
                             "chained": {"steps": 2, "s": 0.375}, "read": {"steps": 1, "s": 0.0625}}  # fmt: skip
     assert out["outside_s"] == 1.5 - 1.1875 and out["longest"] == 3
+
+
+def test_online_case_runs_both_sides_in_turn_and_reports_each_repeats_steps():
+    """`run_online` on CPU with a tiny random llama (the bench itself wants a GPU; its per-case loop does not): every
+    side timed once per repeat after the warm-up, plain and spec taking turns to go first (the engine's speculator is
+    on exactly for the spec sides), the step breakdowns and the per-longest speed-up reported."""
+    import argparse
+
+    import torch
+    import transformers
+
+    from nonstop.models import CausalLM
+    from nonstop.models.config import ModelConfig
+    from nonstop.rollout import LLM
+
+    torch.manual_seed(0)
+    hf = transformers.AutoConfig.for_model(model_type="llama", vocab_size=96, hidden_size=32, intermediate_size=64,
+                                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                           max_position_embeddings=256)  # fmt: skip
+    model = CausalLM(ModelConfig.from_hf(hf.to_dict())).eval()
+    llm = LLM(model, device="cpu", speculative_config={"method": "suffix"})
+    engine = llm.llm_engine
+    order = []
+    generate = llm.generate
+
+    def recording(*a, **k):
+        order.append("spec" if engine.speculator is not None else "plain")
+        return generate(*a, **k)
+
+    llm.generate = recording
+    args = argparse.Namespace(n=2, max_tokens=12, repeats=2)
+    row = spec.run_online(llm, [[5, 6, 7, 8], [9, 10, 11]], args, 0.6)
+    # Per repeat (the first warms up): plain and spec in turn, then spec+history.
+    assert order == ["plain", "spec", "spec", "spec", "plain", "spec", "plain", "spec", "spec"]
+    assert all(len(row["steps"][side]) == 2 for side in ("plain", "spec", "spec_history"))
+    assert all(b["longest"] == 12 for b in row["steps"]["plain"])  # random weights rarely stop early
+    assert row["speedup_per_longest"] > 0 and len(row["wall_s_all"]["spec"]) == 2

@@ -54,7 +54,7 @@ def test_engine_args_carry_every_engine_key_of_the_config():
 def test_speculative_config_as_vllm_takes_it_and_mistakes_are_named():
     _, model = make_pair("llama")
     llm = LLM(model, num_kv_blocks=32, speculative_config={"method": "suffix", "num_speculative_tokens": 3})
-    assert llm.llm_engine.speculator is not None and llm.llm_engine.model_runner.verify_rows == 32
+    assert llm.llm_engine.speculator is not None and llm.llm_engine.model_runner.verify_rows == 64
     assert LLM(model, num_kv_blocks=32).llm_engine.speculator is None
     with pytest.raises(ValueError, match=r"unknown speculative_config key\(s\) \['num_draft_tokens'\]"):
         EngineArgs(speculative_config={"num_draft_tokens": 3})

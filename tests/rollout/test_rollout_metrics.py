@@ -34,7 +34,7 @@ def test_ramp_up_before_the_peak_is_not_a_tail():
     m = rollout_metrics(SchedulerStats(), steps)
     assert m["rollout/tail_frac"] == pytest.approx(0.2 / 1.2)
     assert m["rollout/tail_batch_fill"] == pytest.approx(2 / 128)
-    # Decode steps of at most 32 sequences (the tail's 2; not the prefill's 16) are the small-batch time.
+    # Decode steps of at most 64 sequences (the tail's 2; not the prefill's 16) are the small-batch time.
     assert m["rollout/small_batch_frac"] == pytest.approx(0.2 / 1.2)
 
 

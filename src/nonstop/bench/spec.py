@@ -2,7 +2,8 @@
 prompts (GSM8K training prompts through the data loading and the chat template, n samples each).
 
 Online (the default; a GPU): per temperature and number of prompts, one engine generates the same prompts with the
-same seeds `--repeats` times on each side, interleaved after a warm-up of each: plain (speculation off), spec (the
+same seeds `--repeats` times on each side, interleaved (plain and spec taking turns to go first) after a warm-up of
+each: plain (speculation off), spec (the
 configured rule, the history of earlier responses cleared before each run: a prompt seen for the first time) and
 spec+history (the previous repeat's responses kept, as when a prompt returns in a later epoch). Reported: median
 generation wall time per side, the speed-up, acceptance rate, tokens per sequence per verify round, verify rounds as
@@ -119,11 +120,15 @@ def run_online(llm: LLM, prompts, args, temperature: float) -> dict:
     breakdown = {side: [] for side in sides}  # per repeat: `step_breakdown`
     for repeat in range(args.repeats + 1):  # the first round warms up (graph captures, autotuning)
         params = sampling(args, temperature, len(prompts), seed=repeat)
-        engine.speculator = None
-        plain, plain_s, p_metrics = timed_generate(llm, prompts, params)
+        # Plain first in even repeats, spec first in odd ones: what runs second should not be the same side each time.
+        for side in ("plain", "spec") if repeat % 2 == 0 else ("spec", "plain"):
+            engine.speculator = speculator if side == "spec" else None
+            if side == "spec":
+                history.responses.clear()
+                spec, spec_s, metrics = timed_generate(llm, prompts, params)
+            else:
+                plain, plain_s, p_metrics = timed_generate(llm, prompts, params)
         engine.speculator = speculator
-        history.responses.clear()
-        spec, spec_s, metrics = timed_generate(llm, prompts, params)
         # The responses of this run stay as the history a later epoch of these prompts would draft from.
         history_params = sampling(args, temperature, len(prompts), seed=repeat + 1000)
         _, history_s, h_metrics = timed_generate(llm, prompts, history_params)

@@ -48,7 +48,7 @@ class SpeculativeConfig:
     )
     num_speculative_tokens: int = option(8, "Draft tokens per sequence per verify round")
     disable_by_batch_size: int = option(
-        32,
+        64,
         "Verify only while at most this many sequences run (larger decode batches are compute-bound: a verify round "
         "costs about its tokens there)",
     )
