@@ -122,3 +122,31 @@ def test_a_gain_just_above_the_cost_stays_plain():
         p.round_times.extend([1.5] * 4)
         p.gain = gain
         assert p.may_verify() == verifies
+
+
+def test_plain_probes_back_off_while_verifying_still_pays_after_them():
+    """Where verifying pays throughout, a probe towards plain (two plain launches, to time a step) comes after
+    PROBE_EVERY verify launches, then twice as many each time the rule still verifies after it, up to MAX_PROBE_EVERY;
+    a probe after which plain decoding wins brings the interval back, and the rule decodes plain on merit."""
+    p = policy()
+    p.plain_times.extend([1.0] * 4)
+    p.round_times.extend([1.5] * 4)
+    p.gain = 3.0  # 3 tokens a round against 1.5 plain steps: verifying pays
+    at = run(p, 3000, tokens=3.0, round_s=1.5)
+    plain = sorted(set(range(3000)) - set(at))
+    assert all(b == a + 1 for a, b in zip(plain[::2], plain[1::2], strict=True))  # in pairs
+    starts = plain[::2]
+    runs = [b - a - 2 for a, b in zip([-2, *starts[:-1]], starts, strict=True)]  # verify launches before each pair
+    expected = [min(PROBE_EVERY << i, MAX_PROBE_EVERY) for i in range(len(runs))]
+    assert runs == expected and runs[-1] == MAX_PROBE_EVERY
+    # Plain steps get cheap (0.2 s): the next probe's timed steps flip the rule, the interval starts again, and the
+    # first probe towards verifying comes PROBE_EVERY plain launches later (counted from the flip).
+    p.plain_times.clear()
+    p.plain_times.extend([0.2] * 8)
+    p.plain_probe_pending = True  # as after a probe: judged at the next free decision
+    assert not p.may_verify() and p.plain_probe_every == PROBE_EVERY
+    decisions = []
+    for _ in range(PROBE_EVERY):
+        decisions.append(p.may_verify())
+        p.decoded(num_steps=1, wall_s=0.2)
+    assert decisions == [False] * (PROBE_EVERY - 1) + [True] and p.probe_verify

@@ -15,12 +15,16 @@ generation ends with its last row, and a row's time to its end goes as 1 / its g
 the mean gain, says what verifying saves.
 
 Every so often a launch in the range does the other thing once (verify while the rule says plain; plain while it
-says verify), so both times and g stay current: after `PROBE_EVERY` launches at first; a probe that verified and did
-not pay doubles the interval (up to `MAX_PROBE_EVERY`), one that paid, or a launch that verifies on the rule's own
-say, brings it back, so where verifying loses (a model that rambles) the probes cost a few launches a run. A plain
-step's time is learnt only from a plain launch with another launched behind it (the pipeline's period), so while
-none is known, and after a probe towards plain, the rule runs two plain launches; a verify launch read with nothing
-behind it is timed from its launch to its read (LLMEngine._keep_verified).
+says verify), so both times and g stay current: after `PROBE_EVERY` launches at first. Each direction keeps its own
+interval, doubled (up to `MAX_PROBE_EVERY`) while its probes leave the decision as it was and brought back when one
+changes it: a probe that verified and did not pay doubles the verify probes' interval, one that paid, or a launch
+that verifies on the rule's own say, brings it back; the rule still verifying after a probe towards plain (its two
+plain launches timed) doubles the plain probes' interval, plain decoding winning brings it back. So where verifying
+loses (a model that rambles) probes cost a few launches a run, and where it pays the plain launches and the re-planned
+verify launch after them do too. A plain step's time is learnt only from a plain launch with another launched behind
+it (the pipeline's period), so while none is known, and after a probe towards plain, the rule runs two plain
+launches; a verify launch read with nothing behind it is timed from its launch to its read
+(LLMEngine._keep_verified).
 
 `always` verifies every launch in the range: for tests and for measuring acceptance.
 """
@@ -57,7 +61,10 @@ class DraftPolicy:
         self.round_times: deque[float] = deque(maxlen=TIMES_KEPT)
         self.plain_times: deque[float] = deque(maxlen=TIMES_KEPT)
         self.launches_since_probe = 0
-        self.probe_every = PROBE_EVERY  # launches between probes: doubles while verifying probes do not pay
+        self.probe_every = PROBE_EVERY  # launches between probes towards verifying: doubles while they do not pay
+        self.plain_probe_every = PROBE_EVERY  # ... towards plain: doubles while verifying still pays after them
+        self.plain_probe_pending = False  # a probe towards plain ran; the next free decision judges it
+        self.verifying = True  # the last decision on merit (before probing)
         self.probing = False  # this launch probes (decided by may_verify)
         self.probe_verify = False  # ... towards verifying (the rule said plain)
         self.hold_plain = 0  # plain launches still to run before the rule may verify (to time a plain step)
@@ -83,12 +90,20 @@ class DraftPolicy:
         if not self.plain_times:
             self.hold_plain = 1  # two plain launches: the first one's period is learnt at the second's read
             return False
-        self.probing = self.launches_since_probe >= self.probe_every
-        self.launches_since_probe = 0 if self.probing else self.launches_since_probe + 1
         verify = self._pays()
+        if self.plain_probe_pending:  # the plain probe's launches are timed: did they change the decision?
+            self.plain_probe_pending = False
+            self.plain_probe_every = min(2 * self.plain_probe_every, MAX_PROBE_EVERY) if verify else PROBE_EVERY
+        elif not verify:
+            self.plain_probe_every = PROBE_EVERY  # plain on merit: once verifying pays again, probe at the base rate
+        if verify != self.verifying:  # the decision changed on merit: the other way's probes count from here
+            self.verifying, self.launches_since_probe = verify, 0
+        self.probing = self.launches_since_probe >= (self.plain_probe_every if verify else self.probe_every)
+        self.launches_since_probe = 0 if self.probing else self.launches_since_probe + 1
         self.probe_verify = self.probing and not verify
         if self.probing and verify:
             self.hold_plain = 1  # a probe towards plain: two plain launches, so that one is timed
+            self.plain_probe_pending = True
         return verify != self.probing
 
     @property
