@@ -180,15 +180,11 @@ class VerifyStep:
         lps_KNQ = values_KW[:, T : 2 * T].reshape(-1, NB, Q)[:, :N]
         kept_KN, drafted_KN, accepted_KN = (values_KW[:, 2 * T :].reshape(-1, 3, NB)[:, i, :N].astype(np.int64)
                                             for i in range(3))  # fmt: skip
-        token_ids, logprobs = [], []
-        for n in range(N):
-            ids, lps = [], []
-            for r in np.flatnonzero(kept_KN[:, n]).tolist():
-                k = kept_KN[r, n]
-                ids += ids_KNQ[r, n, :k].tolist()
-                lps += lps_KNQ[r, n, :k].tolist()
-            token_ids.append(ids)
-            logprobs.append(lps)
+        # Row by row, round by round, each round's first `kept` slots: one boolean gather, split by row.
+        kept_NKQ = np.arange(Q) < kept_KN.T[:, :, None]
+        ends = np.cumsum(kept_KN.sum(0))[:-1]
+        token_ids = [a.tolist() for a in np.split(ids_KNQ.transpose(1, 0, 2)[kept_NKQ], ends)] if N else []
+        logprobs = [a.tolist() for a in np.split(lps_KNQ.transpose(1, 0, 2)[kept_NKQ], ends)] if N else []
         live_KN = kept_KN > 0
         return VerifyOutcome(token_ids, logprobs, accepted_KN.sum(0).tolist(), drafted_KN.sum(0).tolist(),
                              live_KN.sum(0).tolist(), (live_KN & (drafted_KN > 0)).sum(0).tolist(),
