@@ -116,3 +116,41 @@ def test_the_step_log_names_what_each_step_launched(llama):
     assert kinds.count("verify") + kinds.count("chained") == stats.num_verify_launches
     assert set(kinds) <= {"prefill", "decode", "verify", "chained", ""}
     assert all(step.decode == (step.launch != "prefill") for step in window.steps)
+
+
+def test_a_launch_planned_afresh_is_timed_from_the_read_before_its_planning(llama, monkeypatch):
+    """The device idles while the host reads a launch, schedules and plans the next one afresh (a chain hides that
+    behind the device): the draft rule's time for a fresh launch starts at that read, so slow scheduling (0.2 s here)
+    shows in its round time, and not in a chained launch's. (Timed from its launch, it did not.)"""
+    import time as clock
+
+    from nonstop.rollout.scheduler import Scheduler
+
+    _, model = llama
+    prompts = random_prompts([5, 9, 13], seed=7)
+    params = SamplingParams(n=2, temperature=0, max_tokens=60, ignore_eos=True)
+    plain = LLM(model, block_size=4).generate(prompts, params)
+    llm = speculative_llm(model, PartlyWrongDrafter.from_outputs(prompts, plain, V), block_size=4,
+                          num_scheduler_steps=4)  # fmt: skip
+    schedule = Scheduler.schedule
+
+    def slow_verify_schedule(self, *args, **kwargs):
+        if args or kwargs:  # a verify launch's rounds
+            clock.sleep(0.2)
+        return schedule(self, *args, **kwargs)
+
+    monkeypatch.setattr(Scheduler, "schedule", slow_verify_schedule)
+    policy, timed = llm.llm_engine.speculator.policy, []
+    verified = policy.verified
+
+    def record(gain, round_s, decision=None):
+        timed.append(round_s)
+        return verified(gain, round_s, decision)
+
+    monkeypatch.setattr(policy, "verified", record)
+    llm.generate(prompts, params)
+    stats = llm.stats
+    fresh = stats.num_verify_launches - stats.num_chained_launches
+    assert stats.num_chained_launches > 0 and fresh > 0
+    slow = [t for t in timed if t is not None and t >= 0.2 / 4]
+    assert len(slow) == fresh  # every fresh launch (4 rounds) carries the 0.2 s, no chained one does

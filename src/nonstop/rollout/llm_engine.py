@@ -54,7 +54,7 @@ class _InFlight:
     # A plain decode launch in speculative decoding's drafting range: its decode steps and when it was launched (the
     # draft rule weighs a verify round against it; see LLMEngine._process_in_flight).
     timed_steps: int = 0
-    launched_at: float = 0.0
+    launched_at: float = 0.0  # a verify launch planned afresh: from the read before its planning (the device's idle)
     verify: ScheduledBatch | None = None  # a verify launch's batch (`sampled` is its `VerifyStep`)
     captured: bool = False  # ... which captured its CUDA graph
     decision: tuple[bool, bool] = (False, False)  # ... and the draft rule's decision that launched it
@@ -177,11 +177,16 @@ class LLMEngine:
         start = time.perf_counter()
         outputs, self.ready = self.ready, []
         stats, spec, batch, chained = self.scheduler.stats, self.speculator, None, False
+        idle_from = None  # a verify launch planned afresh: when the device ran out of work before it
         if spec is not None and spec.wants_verify(self.scheduler):
             batch = self._chained_verify()
             chained = batch is not None
             if not chained:
+                drained = self.in_flight is not None
                 outputs += self._process_in_flight()  # the rounds draft from every token of the running sequences
+                # The device idles from the read just made (or now) until this launch starts: the host's work on the
+                # launch read and its planning of this one are this launch's cost, which chained launches hide.
+                idle_from = self.last_read_at if drained else time.perf_counter()
                 rounds = (self.num_scheduler_steps, self.model_runner.verify.num_query_for(len(self.scheduler.running)))
                 batch = self.scheduler.schedule(rounds)
         else:
@@ -221,7 +226,8 @@ class LLMEngine:
                 stats.num_verify_launches += 1
                 stats.num_chained_launches += chained
                 # Read behind the next launch of its chain (async), or now; its outcome teaches the draft rule.
-                launched = _InFlight(sampled, SampledRows(), 0, launched_at, batch, captured, spec.policy.decision)
+                start = launched_at if idle_from is None else idle_from
+                launched = _InFlight(sampled, SampledRows(), 0, start, batch, captured, spec.policy.decision)
                 if not self.args.async_scheduling:
                     self.in_flight, launched = launched, None
                     outputs += self._process_in_flight()
@@ -319,9 +325,10 @@ class LLMEngine:
 
     def _keep_verified(self, in_flight: _InFlight) -> list[RequestOutput]:
         """Reads a verify launch and keeps what its rounds kept. The draft rule learns its gain and, unless it captured
-        a CUDA graph, its time per round: from when the device could start it (as a plain step's) to its read. Read
-        with nothing behind it (the chain ends), that time also holds the host's gap before the read: an overestimate,
-        which errs towards plain decoding."""
+        a CUDA graph, its time per round: from when the device could start it (as a plain step's; planned afresh, from
+        the read before its planning: the device idled meanwhile) to its read. Read with nothing behind it (the chain
+        ends), that time also holds the host's gap before the read: an overestimate, which errs towards plain
+        decoding."""
         batch = in_flight.verify
         outcome = in_flight.sampled.read()
         previous_read, self.last_read_at = self.last_read_at, time.perf_counter()

@@ -7,9 +7,11 @@ a round costs in plain steps:
     verify iff  g  >=  MARGIN x t_round / t_plain
 
 g is the kept tokens per live sequence per round of recent verify launches (an exponentially weighted mean of each
-launch's `launch_gain`), t_round a verify launch's wall time per round and t_plain a plain decode step's (both the
-pipeline's period: verify launches chain like plain ones), the medians of the last few measured in the range, and
-MARGIN a 10% hedge for what those medians leave out; the rule needs no cost measured elsewhere. A launch's gain is
+launch's `launch_gain`), t_round a verify launch's wall time per round, the mean of the last few (the pipeline's
+period: verify launches chain like plain ones; a launch planned afresh also counts the device's idle time while the
+host read the launch before and planned it, which a chain hides and the mean keeps), t_plain a plain decode step's,
+the median of the last few, both measured in the range, and MARGIN a 10% hedge for what they leave out; the rule
+needs no cost measured elsewhere. A launch's gain is
 the harmonic mean of its rows' kept tokens per round, weighted by their live rounds, not the arithmetic one: the
 generation ends with its last row, and a row's time to its end goes as 1 / its gain, so the mean time of a row, not
 the mean gain, says what verifying saves.
@@ -40,7 +42,7 @@ PROBE_EVERY = 16
 MAX_PROBE_EVERY = 512
 DECAY = 0.3  # weight of the newest launch in g
 PRIOR_GAIN = 2.0  # g before any verify launch: verify once to measure it
-# g must beat the cost by this much: what the rule's medians leave out (switching between verifying and plain decoding
+# g must beat the cost by this much: what the rule's times leave out (switching from verifying to plain decoding
 # re-plans, a chain's last launch) and their noise made gains just above the cost generate slower (dev log).
 MARGIN = 1.1
 TIMES_KEPT = 8
@@ -70,10 +72,11 @@ class DraftPolicy:
         self.hold_plain = 0  # plain launches still to run before the rule may verify (to time a plain step)
 
     def cost_ratio(self) -> float | None:
-        """t_round / t_plain from the recent launches; None until both were measured."""
+        """t_round / t_plain from the recent launches (the mean round, the median plain step); None until both were
+        measured."""
         if not self.round_times or not self.plain_times:
             return None
-        return statistics.median(self.round_times) / max(statistics.median(self.plain_times), 1e-9)
+        return statistics.fmean(self.round_times) / max(statistics.median(self.plain_times), 1e-9)
 
     def _pays(self) -> bool:
         ratio = self.cost_ratio()
