@@ -18,6 +18,17 @@ def llama():
     return make_pair("llama", seed=3)
 
 
+def three_groups(model, seed: int, max_tokens: int):
+    """Three prompts x 2 greedy samples of `max_tokens`, their plain outputs, and an engine (4 rounds a launch) whose
+    drafter drafts those outputs with planted errors."""
+    prompts = random_prompts([5, 9, 13], seed=seed)
+    params = SamplingParams(n=2, temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    plain = LLM(model, block_size=4).generate(prompts, params)
+    llm = speculative_llm(model, PartlyWrongDrafter.from_outputs(prompts, plain, V), block_size=4,
+                          num_scheduler_steps=4)  # fmt: skip
+    return llm, prompts, params, plain
+
+
 def test_chained_launches_keep_plain_outputs_and_kill_rows_the_host_ended(llama, monkeypatch):
     """Six requests of different lengths; two of them stop at a token the rounds do not check (more stop ids than
     they hold), so the host ends them while the next launch is already on the device. A small KV pool makes the
@@ -49,12 +60,7 @@ def test_no_launch_is_chained_behind_one_that_reaches_every_rows_max_tokens(llam
     """Once every running row is expected to reach max_tokens within the launch in flight (at the rule's kept tokens
     a round), nothing is chained behind it: every verify launch has a live row. (Without the check the last launch
     here has none.)"""
-    _, model = llama
-    prompts = random_prompts([5, 9, 13], seed=5)
-    params = SamplingParams(n=2, temperature=0, max_tokens=23, ignore_eos=True)
-    plain = LLM(model, block_size=4).generate(prompts, params)
-    llm = speculative_llm(model, PartlyWrongDrafter.from_outputs(prompts, plain, V), block_size=4,
-                          num_scheduler_steps=4)  # fmt: skip
+    llm, prompts, params, plain = three_groups(llama[1], seed=5, max_tokens=23)
     log = LaunchLog(llm.llm_engine, monkeypatch)
     out = llm.generate(prompts, params)
     assert [c.token_ids for o in out for c in o.outputs] == [c.token_ids for o in plain for c in o.outputs]
@@ -100,12 +106,7 @@ def test_the_gain_is_the_rows_harmonic_mean_weighted_by_live_rounds():
 def test_the_step_log_names_what_each_step_launched(llama):
     """Each engine step's log entry says what it launched (the bench's breakdown of a generation's time reads it): the
     verify and chained entries count the engine's verify and chained launches, the first step prefills."""
-    _, model = llama
-    prompts = random_prompts([5, 9, 13], seed=6)
-    params = SamplingParams(n=2, temperature=0, max_tokens=40, ignore_eos=True)
-    plain = LLM(model, block_size=4).generate(prompts, params)
-    llm = speculative_llm(model, PartlyWrongDrafter.from_outputs(prompts, plain, V), block_size=4,
-                          num_scheduler_steps=4)  # fmt: skip
+    llm, prompts, params, _ = three_groups(llama[1], seed=6, max_tokens=40)
     engine = llm.llm_engine
     with engine.stats_window() as window:
         llm.generate(prompts, params)
@@ -126,12 +127,7 @@ def test_a_launch_planned_afresh_is_timed_from_the_read_before_its_planning(llam
 
     from nonstop.rollout.scheduler import Scheduler
 
-    _, model = llama
-    prompts = random_prompts([5, 9, 13], seed=7)
-    params = SamplingParams(n=2, temperature=0, max_tokens=60, ignore_eos=True)
-    plain = LLM(model, block_size=4).generate(prompts, params)
-    llm = speculative_llm(model, PartlyWrongDrafter.from_outputs(prompts, plain, V), block_size=4,
-                          num_scheduler_steps=4)  # fmt: skip
+    llm, prompts, params, _ = three_groups(llama[1], seed=7, max_tokens=60)
     schedule = Scheduler.schedule
 
     def slow_verify_schedule(self, *args, **kwargs):
