@@ -4,15 +4,17 @@
 # MODEL: the SmolLM2 GGUF (default ~/SmolLM2-135M-Instruct.Q4_1.gguf, joined from its carried parts); DATA_DIR:
 # GSM8K's release files, train.jsonl and test.jsonl (default .data/gsm8k, carried).
 #   (a) the GPU tests of speculative decoding and of the verify kernel
-#   (b) `nonstop bench spec` on the untrained model: T 0.6 / 1.0 x 8 / 64 / 256 sequences (1 / 8 / 32 prompts x 8)
+#   (b) `nonstop bench spec` on the untrained model: T 0.6 / 1.0 x 8 / 64 / 256 sequences (1 / 8 / 32 prompts x 8);
+#       with TIMELINE=1, a profile of one 64-sequence generation per side (scripts/gpu/spec_timeline.py)
 #   (c) a short GRPO run on GSM8K (a lower-entropy checkpoint, as a policy mid-run) and `bench spec` on it at T 1.0
 #   (d) sync GRPO steps from that checkpoint with and without speculation, in one run (`nonstop bench spec-steps`):
 #       timing_s/gen and timing_s/step per side, paired
-# $OUT gets summary.txt, bench_untrained.json, bench_trained.json, spec_steps.json and logs.tgz (every log).
+# $OUT gets summary.txt, bench_untrained.json, bench_trained.json, spec_steps.json, timeline_64.json and logs.tgz
+# (every log). Set NONSTOP_GIT_COMMIT to the commit that runs (the device copy's .git is stale).
 # SKIP_TESTS=1, SKIP_BENCH=1 (both benches), SKIP_UNTRAINED=1 (the untrained model's bench), SKIP_TRAIN=1 (the checkpoint of an earlier call on this machine),
 # SKIP_AB=1 skip parts. STEPS (GRPO steps of (c), default 15), LR (its learning rate, default 1e-5), AB_PAIRS (timed
-# pairs of (d), default 4), TEMPS, PROMPTS and REPEATS (of (b), default 0.6,1.0, 1,8,32 and 3), TRAINED_REPEATS
-# (default 2) change the sizes, BENCH_LIMIT each bench's time limit (s); SPEC="key=value ..." sets speculative config keys everywhere; AB_FROM=untrained skips (c) and runs (d)
+# pairs of (d), default 4), TEMPS, PROMPTS and REPEATS (of (b), default 0.6,1.0, 1,8,32 and 6), TRAINED_REPEATS
+# (default 4) change the sizes, BENCH_LIMIT each bench's time limit (s); SPEC="key=value ..." sets speculative config keys everywhere; AB_FROM=untrained skips (c) and runs (d)
 # from MODEL.
 source "$(dirname "$0")/common.sh"
 MODEL=${1:-$HOME/SmolLM2-135M-Instruct.Q4_1.gguf}
@@ -27,11 +29,14 @@ TRAIN=(python3 -m nonstop train examples/gsm8k_smollm2.yaml data.train_files=/tm
        data.val_files=/tmp/gsm8k/test.parquet trainer.val_before_train=False trainer.test_freq=-1
        trainer.logger=[console])
 
-[ -n "${SKIP_TESTS:-}" ] || gpu_test tests 180 tests/rollout/test_spec_gpu.py tests/kernels/test_paged_verify.py tests/kernels/test_suffix_match.py tests/kernels/test_verify_round.py
+[ -n "${SKIP_TESTS:-}" ] || gpu_test tests 360 tests/rollout/test_spec_gpu.py tests/kernels/test_paged_verify.py tests/kernels/test_suffix_match.py tests/kernels/test_verify_round.py
 
-[ -n "${SKIP_BENCH:-}${SKIP_UNTRAINED:-}" ] || t bench_untrained "${BENCH_LIMIT:-180}" python3 -m nonstop bench spec --model "$MODEL" --data "$DATA/train.jsonl" \
-  --temperatures "${TEMPS:-0.6,1.0}" --prompts "${PROMPTS:-1,8,32}" --repeats "${REPEATS:-3}" \
+[ -n "${SKIP_BENCH:-}${SKIP_UNTRAINED:-}" ] || t bench_untrained "${BENCH_LIMIT:-300}" python3 -m nonstop bench spec --model "$MODEL" --data "$DATA/train.jsonl" \
+  --temperatures "${TEMPS:-0.6,1.0}" --prompts "${PROMPTS:-1,8,32}" --repeats "${REPEATS:-6}" \
   --out "$OUT/bench_untrained.json" ${SPEC[@]:+--spec "${SPEC[@]}"}
+
+[ -z "${TIMELINE:-}" ] || t timeline 150 python3 scripts/gpu/spec_timeline.py --model "$MODEL" --data "$DATA/train.jsonl" \
+  --prompts 8 --out "$OUT/timeline_64.json" ${SPEC[@]:+--spec "${SPEC[@]}"}
 
 RUN=/tmp/runs/spec_train
 CKPT=$RUN/checkpoints/global_step_$STEPS/actor
@@ -42,8 +47,8 @@ elif [ -z "${SKIP_TRAIN:-}" ]; then
     trainer.save_freq="$STEPS" trainer.default_local_dir="$RUN" actor_rollout_ref.actor.optim.lr="$LR"
 fi
 if [ -e "$CKPT" ]; then
-  [ "$CKPT" = "$MODEL" ] || [ -n "${SKIP_BENCH:-}" ] || t bench_trained "${BENCH_LIMIT:-120}" python3 -m nonstop bench spec --model "$CKPT" --data "$DATA/train.jsonl" \
-    --temperatures 1.0 --prompts 1,8,32 --repeats "${TRAINED_REPEATS:-2}" --out "$OUT/bench_trained.json" ${SPEC[@]:+--spec "${SPEC[@]}"}
+  [ "$CKPT" = "$MODEL" ] || [ -n "${SKIP_BENCH:-}" ] || t bench_trained "${BENCH_LIMIT:-200}" python3 -m nonstop bench spec --model "$CKPT" --data "$DATA/train.jsonl" \
+    --temperatures 1.0 --prompts 1,8,32 --repeats "${TRAINED_REPEATS:-4}" --out "$OUT/bench_trained.json" ${SPEC[@]:+--spec "${SPEC[@]}"}
   [ -n "${SKIP_AB:-}" ] || t spec_steps 240 python3 -m nonstop bench spec-steps examples/gsm8k_smollm2.yaml --pairs "$AB_PAIRS" \
     --out "$OUT/spec_steps.json" data.train_files=/tmp/gsm8k/train.parquet data.val_files=/tmp/gsm8k/test.parquet \
     trainer.logger=[console] actor_rollout_ref.model.path="$CKPT" trainer.default_local_dir=/tmp/runs/spec_steps "${SPEC[@]/#/actor_rollout_ref.rollout.speculative.}"
