@@ -81,10 +81,11 @@ def host_stop_params(free, lengths: list[int], host_stopped: tuple[int, ...], vo
 
 class LaunchLog:
     """Each verify launch in order, with the rows it was told to kill (None: planned afresh), and each read's live
-    rounds per row, in the same order (launches are read first in, first out)."""
+    rounds per row and whether the host still ran the row when it read the launch, in the same order (launches are
+    read first in, first out)."""
 
     def __init__(self, engine, monkeypatch):
-        self.kills, self.live = [], []
+        self.kills, self.live, self.running = [], [], []
         runner, scheduler = engine.model_runner, engine.scheduler
         launch_verify, continue_verify = runner.launch_verify, runner.continue_verify
         keep_rounds = scheduler.keep_rounds
@@ -99,6 +100,7 @@ class LaunchLog:
 
         def keep(batch, outcome):
             self.live.append(list(outcome.live_rounds))
+            self.running.append([not seq.is_finished for seq in batch.seqs])
             return keep_rounds(batch, outcome)
 
         monkeypatch.setattr(runner, "launch_verify", fresh)

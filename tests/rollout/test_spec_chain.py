@@ -54,6 +54,11 @@ def test_chained_launches_keep_plain_outputs_and_kill_rows_the_host_ended(llama,
     log.assert_killed_rows_computed_nothing()
     # A row the host ended was live in the launch chained behind the one that ended it: those tokens were dropped.
     assert stats.num_discarded_tokens > 0
+    # Verify rounds count those with a row the host still ran live (a row is live in its first rounds): not the rounds
+    # in which only such dropped rows were.
+    rounds = [max((r for r, run in zip(live, running, strict=True) if run), default=0)
+              for live, running in zip(log.live, log.running, strict=True)]  # fmt: skip
+    assert stats.num_verify_steps == sum(rounds)
 
 
 def test_no_launch_is_chained_behind_one_that_reaches_every_rows_max_tokens(llama, monkeypatch):
@@ -150,3 +155,21 @@ def test_a_launch_planned_afresh_is_timed_from_the_read_before_its_planning(llam
     assert stats.num_chained_launches > 0 and fresh > 0
     slow = [t for t in timed if t is not None and t >= 0.2 / 4]
     assert len(slow) == fresh  # every fresh launch (4 rounds) carries the 0.2 s, no chained one does
+
+
+def test_rounds_in_which_only_rows_the_host_ended_were_live_are_no_verify_steps(llama, monkeypatch):
+    """Two requests: the longer one stops at a token only the host sees, while the launch behind it is already on the
+    device; there the shorter one ends in round 2 and the ended row runs all 4 rounds. Verify steps count the rounds
+    with a row the host still ran: 4 + 2, not 4 + 4 (a high `verify_step_frac` otherwise)."""
+    _, model = llama
+    prompts = random_prompts([5, 9], seed=4)
+    lengths = [18, 40]
+    free = LLM(model, block_size=4).generate(
+        prompts, [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in lengths]
+    )
+    llm = speculative_llm(model, PartlyWrongDrafter.from_outputs(prompts, free, V), block_size=4,
+                          num_scheduler_steps=4)  # fmt: skip
+    log = LaunchLog(llm.llm_engine, monkeypatch)
+    llm.generate(prompts, host_stop_params(free, lengths, (1,), V))
+    assert log.live == [[4, 4], [2, 4]] and log.running == [[True, True], [True, False]]
+    assert llm.stats.num_verify_steps == 6

@@ -347,8 +347,10 @@ class Scheduler:
         rows.num_seqs = len(kept)
         generated = stats.num_generated_tokens
         result.finished = self.update(rows, ids_R, lps_R)
-        stats.num_verify_steps += rounds.num_rounds
-        stats.num_spec_range_steps += rounds.num_rounds  # rounds past every row's end are no decode step
+        # Rounds past every row's end are no decode step, nor rounds in which only rows the host had ended were live.
+        live = rounds.rounds_live(counted)
+        stats.num_verify_steps += live
+        stats.num_spec_range_steps += live
         stats.num_verify_seqs += sum(result.rounds)
         stats.num_drafting_seqs += sum(only_counted(rounds.drafting))
         stats.num_draft_tokens += sum(only_counted(rounds.drafted))

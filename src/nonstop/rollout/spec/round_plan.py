@@ -151,8 +151,8 @@ class RoundPlanner:
 @dataclass
 class VerifyOutcome:
     """What a verify launch kept, per row of the batch (rounds in order): token ids and log-probs, draft tokens
-    kept, draft tokens proposed, rounds the row was live in, rounds it was live with a draft; and the launch's
-    rounds with a live row."""
+    kept, draft tokens proposed, rounds the row was live in, rounds it was live with a draft; and which rows were
+    live in each round."""
 
     token_ids: list[list[int]]
     logprobs: list[list[float]]
@@ -160,7 +160,16 @@ class VerifyOutcome:
     drafted: list[int]
     live_rounds: list[int]
     drafting: list[int]
-    num_rounds: int
+    live_KN: np.ndarray  # bool [rounds, rows]
+
+    def rounds_live(self, rows: list[bool]) -> int:
+        """Rounds in which one of `rows` (a mask over the batch's rows) was live."""
+        return int(self.live_KN[:, np.asarray(rows, dtype=bool)].any(axis=1).sum()) if any(rows) else 0
+
+    @property
+    def num_rounds(self) -> int:
+        """Rounds with a live row: the launch's rounds that computed something."""
+        return int(self.live_KN.any(axis=1).sum())
 
 
 class VerifyStep:
@@ -186,6 +195,6 @@ class VerifyStep:
         token_ids = [a.tolist() for a in np.split(ids_KNQ.transpose(1, 0, 2)[kept_NKQ], ends)] if N else []
         logprobs = [a.tolist() for a in np.split(lps_KNQ.transpose(1, 0, 2)[kept_NKQ], ends)] if N else []
         live_KN = kept_KN > 0
+        drafting_N = (live_KN & (drafted_KN > 0)).sum(0).tolist()
         return VerifyOutcome(token_ids, logprobs, accepted_KN.sum(0).tolist(), drafted_KN.sum(0).tolist(),
-                             live_KN.sum(0).tolist(), (live_KN & (drafted_KN > 0)).sum(0).tolist(),
-                             int(live_KN.any(1).sum()))  # fmt: skip
+                             live_KN.sum(0).tolist(), drafting_N, live_KN)  # fmt: skip
