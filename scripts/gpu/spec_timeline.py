@@ -58,7 +58,7 @@ def summarise(intervals: list[tuple[float, float, str]], wall_s: float) -> dict:
         elif stop > end:
             busy += stop - end
             end = stop
-    span = (intervals[-1][1] - intervals[0][0]) if intervals else 0.0
+    span = (end - intervals[0][0]) if intervals else 0.0  # to the latest end: intervals are sorted by start
     bins = {}
     for low, high in zip((0, *GAP_BINS_US), (*GAP_BINS_US, float("inf")), strict=True):
         inside = [g for g in gaps if low <= g < high]

@@ -108,10 +108,26 @@ def test_the_gain_is_the_rows_harmonic_mean_weighted_by_live_rounds():
     assert launch_gain([6, 6, 6], [3, 3, 3]) == pytest.approx(2.0)
 
 
-def test_the_step_log_names_what_each_step_launched(llama):
+def test_the_step_log_names_what_each_step_launched(llama, monkeypatch):
     """Each engine step's log entry says what it launched (the bench's breakdown of a generation's time reads it): the
-    verify and chained entries count the engine's verify and chained launches, the first step prefills."""
+    verify and chained entries count the engine's verify and chained launches, the first step prefills. A step's time
+    is the whole step's: on a clock that moves only while a chained launch's KV is reserved (10 s each time, before
+    the launch), every chained step took 10 s and every other step none."""
+    from types import SimpleNamespace
+
+    import nonstop.rollout.llm_engine as engine_module
+    from nonstop.rollout.scheduler import Scheduler
+
     llm, prompts, params, _ = three_groups(llama[1], seed=6, max_tokens=40)
+    now = [0.0]
+    monkeypatch.setattr(engine_module, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    extend_rounds = Scheduler.extend_rounds
+
+    def slow_extend(self, batch):
+        now[0] += 10.0
+        return extend_rounds(self, batch)
+
+    monkeypatch.setattr(Scheduler, "extend_rounds", slow_extend)
     engine = llm.llm_engine
     with engine.stats_window() as window:
         llm.generate(prompts, params)
@@ -122,22 +138,27 @@ def test_the_step_log_names_what_each_step_launched(llama):
     assert kinds.count("verify") + kinds.count("chained") == stats.num_verify_launches
     assert set(kinds) <= {"prefill", "decode", "verify", "chained", ""}
     assert all(step.decode == (step.launch != "prefill") for step in window.steps)
+    assert [s.wall_s for s in window.steps] == [10.0 if kind == "chained" else 0.0 for kind in kinds]
 
 
 def test_a_launch_planned_afresh_is_timed_from_the_read_before_its_planning(llama, monkeypatch):
     """The device idles while the host reads a launch, schedules and plans the next one afresh (a chain hides that
-    behind the device): the draft rule's time for a fresh launch starts at that read, so slow scheduling (0.2 s here)
-    shows in its round time, and not in a chained launch's. (Timed from its launch, it did not.)"""
-    import time as clock
+    behind the device): the draft rule's time for a fresh launch starts at that read. On a clock that moves only
+    while a verify launch is scheduled (10 s each time), every fresh launch of 4 rounds is timed 2.5 s a round and
+    every chained one 0. (Timed from its launch, a fresh one was 0 too.)"""
+    from types import SimpleNamespace
 
+    import nonstop.rollout.llm_engine as engine_module
     from nonstop.rollout.scheduler import Scheduler
 
     llm, prompts, params, _ = three_groups(llama[1], seed=7, max_tokens=60)
+    now = [0.0]
+    monkeypatch.setattr(engine_module, "time", SimpleNamespace(perf_counter=lambda: now[0]))
     schedule = Scheduler.schedule
 
     def slow_verify_schedule(self, *args, **kwargs):
         if args or kwargs:  # a verify launch's rounds
-            clock.sleep(0.2)
+            now[0] += 10.0
         return schedule(self, *args, **kwargs)
 
     monkeypatch.setattr(Scheduler, "schedule", slow_verify_schedule)
@@ -153,8 +174,7 @@ def test_a_launch_planned_afresh_is_timed_from_the_read_before_its_planning(llam
     stats = llm.stats
     fresh = stats.num_verify_launches - stats.num_chained_launches
     assert stats.num_chained_launches > 0 and fresh > 0
-    slow = [t for t in timed if t is not None and t >= 0.2 / 4]
-    assert len(slow) == fresh  # every fresh launch (4 rounds) carries the 0.2 s, no chained one does
+    assert sorted(timed) == [0.0] * stats.num_chained_launches + [2.5] * fresh
 
 
 def test_rounds_in_which_only_rows_the_host_ended_were_live_are_no_verify_steps(llama, monkeypatch):

@@ -150,3 +150,16 @@ def test_plain_probes_back_off_while_verifying_still_pays_after_them():
         decisions.append(p.may_verify())
         p.decoded(num_steps=1, wall_s=0.2)
     assert decisions == [False] * (PROBE_EVERY - 1) + [True] and p.probe_verify
+
+
+def test_a_plain_probe_is_judged_by_the_step_it_timed():
+    """After a probe towards plain, the interval doubles only if verifying still pays against the probe's own plain
+    step: a cheaper step (0.4 s against rounds of 1 s: 2 tokens < 1.1 x 2.5) brings the interval back even while the
+    median of the recent steps (still 1 s) keeps the rule verifying, so the next probes come soon."""
+    for probe_s, interval in ((1.0, 128), (0.4, PROBE_EVERY)):
+        p = policy()
+        p.plain_times.extend([1.0] * 7)
+        p.round_times.extend([1.0] * 4)
+        p.gain, p.plain_probe_every, p.plain_probe_pending = 2.0, 64, True
+        p.plain_times.append(probe_s)
+        assert p.may_verify() and p.plain_probe_every == interval

@@ -226,8 +226,8 @@ class LLMEngine:
                 stats.num_verify_launches += 1
                 stats.num_chained_launches += chained
                 # Read behind the next launch of its chain (async), or now; its outcome teaches the draft rule.
-                start = launched_at if idle_from is None else idle_from
-                launched = _InFlight(sampled, SampledRows(), 0, start, batch, captured, spec.policy.decision)
+                timed_from = launched_at if idle_from is None else idle_from
+                launched = _InFlight(sampled, SampledRows(), 0, timed_from, batch, captured, spec.policy.decision)
                 if not self.args.async_scheduling:
                     self.in_flight, launched = launched, None
                     outputs += self._process_in_flight()

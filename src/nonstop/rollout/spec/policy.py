@@ -20,13 +20,13 @@ Every so often a launch in the range does the other thing once (verify while the
 says verify), so both times and g stay current: after `PROBE_EVERY` launches at first. Each direction keeps its own
 interval, doubled (up to `MAX_PROBE_EVERY`) while its probes leave the decision as it was and brought back when one
 changes it: a probe that verified and did not pay doubles the verify probes' interval, one that paid, or a launch
-that verifies on the rule's own say, brings it back; the rule still verifying after a probe towards plain (its two
-plain launches timed) doubles the plain probes' interval, plain decoding winning brings it back. So where verifying
-loses (a model that rambles) probes cost a few launches a run, and where it pays the plain launches and the re-planned
-verify launch after them do too. A plain step's time is learnt only from a plain launch with another launched behind
-it (the pipeline's period), so while none is known, and after a probe towards plain, the rule runs two plain
-launches; a verify launch read with nothing behind it is timed from its launch to its read
-(LLMEngine._keep_verified).
+that verifies on the rule's own say, brings it back; verifying still paying against the plain step that a probe
+towards plain timed (its own time: one time moves the median little) doubles the plain probes' interval, plain
+decoding winning brings it back. So where verifying loses (a model that rambles) probes cost a few launches a run,
+and where it pays the plain launches and the re-planned verify launch after them do too. A plain step's time is
+learnt only from a plain launch with another launched behind it (the pipeline's period), so while none is known, and
+after a probe towards plain, the rule runs two plain launches; a verify launch read with nothing behind it is timed
+to its read from its launch, or, planned afresh, from the read before its planning (LLMEngine._keep_verified).
 
 `always` verifies every launch in the range: for tests and for measuring acceptance.
 """
@@ -78,8 +78,11 @@ class DraftPolicy:
             return None
         return statistics.fmean(self.round_times) / max(statistics.median(self.plain_times), 1e-9)
 
-    def _pays(self) -> bool:
+    def _pays(self, plain_s: float | None = None) -> bool:
+        """Whether verifying pays at the recent times, or with a plain step of `plain_s` (a probe's own)."""
         ratio = self.cost_ratio()
+        if ratio is not None and plain_s is not None:
+            ratio = statistics.fmean(self.round_times) / max(plain_s, 1e-9)
         return ratio is None or self.gain >= MARGIN * ratio
 
     def may_verify(self) -> bool:
@@ -94,9 +97,10 @@ class DraftPolicy:
             self.hold_plain = 1  # two plain launches: the first one's period is learnt at the second's read
             return False
         verify = self._pays()
-        if self.plain_probe_pending:  # the plain probe's launches are timed: did they change the decision?
-            self.plain_probe_pending = False
-            self.plain_probe_every = min(2 * self.plain_probe_every, MAX_PROBE_EVERY) if verify else PROBE_EVERY
+        if self.plain_probe_pending:  # the plain probe's step is timed: would verifying pay against it?
+            self.plain_probe_pending = False  # (judged by its own time: one time moves a median of several little)
+            still = self._pays(self.plain_times[-1])
+            self.plain_probe_every = min(2 * self.plain_probe_every, MAX_PROBE_EVERY) if still else PROBE_EVERY
         elif not verify:
             self.plain_probe_every = PROBE_EVERY  # plain on merit: once verifying pays again, probe at the base rate
         if verify != self.verifying:  # the decision changed on merit: the other way's probes count from here
