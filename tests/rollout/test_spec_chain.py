@@ -193,3 +193,23 @@ def test_rounds_in_which_only_rows_the_host_ended_were_live_are_no_verify_steps(
     llm.generate(prompts, host_stop_params(free, lengths, (1,), V))
     assert log.live == [[4, 4], [2, 4]] and log.running == [[True, True], [True, False]]
     assert llm.stats.num_verify_steps == 6
+
+
+def test_a_chain_goes_on_when_fewer_rows_would_only_draft_one_more_token(llama, monkeypatch):
+    """64 rows (bucket 64: 3 draft tokens within the 256-token budget); 24 end at 10 tokens, leaving 40 (bucket 48
+    would draft 4). The chain goes on in the 64-row shape (one launch planned afresh, the first): a re-plan idles the
+    device for the host's read and planning. Outputs stay plain decoding's."""
+    _, model = llama
+    prompts = random_prompts([5, 9, 13, 7, 11, 6, 8, 10], seed=8)
+    params = [SamplingParams(n=8, temperature=0, max_tokens=10 if i < 3 else 40, ignore_eos=True) for i in range(8)]
+    plain = LLM(model, block_size=4, max_num_seqs=64).generate(prompts, params)
+    llm = speculative_llm(model, PartlyWrongDrafter.from_outputs(prompts, plain, V), block_size=4, max_num_seqs=64,
+                          speculative_config={"disable_by_batch_size": 64})  # fmt: skip
+    runner = llm.llm_engine.model_runner
+    assert [runner.verify.num_query_for(n) for n in (64, 40)] == [4, 5]
+    log = LaunchLog(llm.llm_engine, monkeypatch)
+    out = llm.generate(prompts, params)
+    assert [c.token_ids for o in out for c in o.outputs] == [c.token_ids for o in plain for c in o.outputs]
+    assert log.kills.count(None) == 1 and len(log.kills) > 2
+    # The 64-row launches went on after the 24 rows had ended (read as ended, then killed).
+    assert any(sum(running) == 40 for running in log.running) and any(kill and any(kill) for kill in log.kills)

@@ -272,16 +272,17 @@ class LLMEngine:
         """The next verify launch chained behind the one in flight (async scheduling): the same rows, going on on the
         device from where that launch leaves them, so it is launched before that one is read and the host's work on
         a launch hides behind the next. None (read the launch in flight, plan afresh) when no verify launch is in
-        flight, when the running sequences would draft another number of tokens or fill at most half the rows
-        (planned afresh, they take a smaller CUDA graph), when the launch's shape cannot hold another (its draft
+        flight, when the running sequences fill at most half the rows (planned afresh, they take a smaller CUDA graph
+        and draft more tokens each within the token budget), when the launch's shape cannot hold another (its draft
         window), when every running sequence is expected to reach its max_tokens in the launch in flight, or when the
-        KV blocks do not fit."""
+        KV blocks do not fit. Fewer rows that would draft one more token afresh, in a graph of about the same tokens,
+        go on: a re-plan idles the device while the host reads and plans, and the extra draft token is rarely kept."""
         in_flight = self.in_flight
         if not self.args.async_scheduling or in_flight is None or in_flight.verify is None:
             return None
         batch, launcher = in_flight.verify, self.model_runner.verify
         running = len(self.scheduler.running)
-        if launcher.num_query_for(running) != batch.num_query or 2 * running <= launcher.num_rows_for(len(batch.seqs)):
+        if 2 * running <= launcher.num_rows_for(len(batch.seqs)):
             return None
         if not launcher.can_continue(batch):
             return None
