@@ -121,13 +121,13 @@ def run_online(llm: LLM, prompts, args, temperature: float) -> dict:
     for repeat in range(args.repeats + 1):  # the first round warms up (graph captures, autotuning)
         params = sampling(args, temperature, len(prompts), seed=repeat)
         # Plain first in even repeats, spec first in odd ones: what runs second should not be the same side each time.
+        runs = {}
         for side in ("plain", "spec") if repeat % 2 == 0 else ("spec", "plain"):
             engine.speculator = speculator if side == "spec" else None
             if side == "spec":
                 history.responses.clear()
-                spec, spec_s, metrics = timed_generate(llm, prompts, params)
-            else:
-                plain, plain_s, p_metrics = timed_generate(llm, prompts, params)
+            runs[side] = timed_generate(llm, prompts, params)
+        (plain, plain_s, p_metrics), (spec, spec_s, metrics) = runs["plain"], runs["spec"]
         engine.speculator = speculator
         # The responses of this run stay as the history a later epoch of these prompts would draft from.
         history_params = sampling(args, temperature, len(prompts), seed=repeat + 1000)

@@ -56,17 +56,11 @@ class StopStrings:
         launch) can complete a stop string before that end, which then ends it instead."""
         hits = []
         for seq_id, (seq, state) in list(self.seqs.items()):
-            if seq.is_finished and seq.finish_reason == FinishReason.ABORT:
-                self.seqs.pop(seq_id)
-                self.finished[seq_id] = state
-                continue
-            index = self._advance(seq, state)
-            if index is None and seq.is_finished:
-                self.seqs.pop(seq_id)
-                self.finished[seq_id] = state
-                continue
+            aborted = seq.is_finished and seq.finish_reason == FinishReason.ABORT
+            index = None if aborted else self._advance(seq, state)
             if index is not None:
                 hits.append((seq, seq.num_prompt_tokens + index))
+            if index is not None or seq.is_finished:
                 self.seqs.pop(seq_id)
                 self.finished[seq_id] = state
         return hits

@@ -71,18 +71,16 @@ class DraftPolicy:
         self.probe_verify = False  # ... towards verifying (the rule said plain)
         self.hold_plain = 0  # plain launches still to run before the rule may verify (to time a plain step)
 
-    def cost_ratio(self) -> float | None:
-        """t_round / t_plain from the recent launches (the mean round, the median plain step); None until both were
-        measured."""
+    def cost_ratio(self, plain_s: float | None = None) -> float | None:
+        """t_round / t_plain from the recent launches (the mean round, the median plain step, or `plain_s`: a probe's
+        own step); None until both were measured."""
         if not self.round_times or not self.plain_times:
             return None
-        return statistics.fmean(self.round_times) / max(statistics.median(self.plain_times), 1e-9)
+        plain = statistics.median(self.plain_times) if plain_s is None else plain_s
+        return statistics.fmean(self.round_times) / max(plain, 1e-9)
 
     def _pays(self, plain_s: float | None = None) -> bool:
-        """Whether verifying pays at the recent times, or with a plain step of `plain_s` (a probe's own)."""
-        ratio = self.cost_ratio()
-        if ratio is not None and plain_s is not None:
-            ratio = statistics.fmean(self.round_times) / max(plain_s, 1e-9)
+        ratio = self.cost_ratio(plain_s)
         return ratio is None or self.gain >= MARGIN * ratio
 
     def may_verify(self) -> bool:
