@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Exact speculative decoding on SmolLM2-135M-Instruct and GSM8K (issue 29): about 10 minutes whole, so split over two
-# device calls with the SKIP_ switches (the tests ~5 min; the benches ~2 each; training and the A/B ~1.5 each).
+# Exact speculative decoding on SmolLM2-135M-Instruct and GSM8K (issue 29). Whole, it runs longer than one device call
+# may: split it over two with the SKIP_ switches (the run times of its parts are in the dev log).
 #   bash scripts/gpu/spec_gsm8k.sh [MODEL] [DATA_DIR]
 # MODEL: the SmolLM2 GGUF (default ~/SmolLM2-135M-Instruct.Q4_1.gguf, joined from its carried parts); DATA_DIR:
 # GSM8K's release files, train.jsonl and test.jsonl (default .data/gsm8k, carried).
