@@ -15,7 +15,8 @@ Each is timed as CUDA-graph replays of 24 calls (one per layer, each layer its o
 `triton.testing.do_bench_cudagraph`, median) and reported per call. TB/s is the K/V bytes of the valid tokens over
 the verify time; err is max |out - ref| / max |ref| against the fp32 reference. `--sweep` instead times the verify
 kernel's launch space (splits x warps x tile tokens) at N = 1, 16, 64, L = 2000, Q = 5 and prints the best launch
-beside the default one.
+beside the default one; with --batch-sizes, --context-lens and --query-lens given, it sweeps those shapes instead,
+and times the paged decode kernel (one query per row) at the same N and L, its default launch against one split.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import sys
 
 import torch
 import triton.testing
@@ -52,7 +54,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--sweep", action="store_true", help="the launch sweep instead of the method table")
     parser.add_argument("--out", default=None, help="also write the rows as JSON here")
-    return parser.parse_args()
+    args = parser.parse_args()
+    args.shapes_given = any(a.startswith(("--batch-sizes", "--context-lens", "--query-lens")) for a in sys.argv[1:])
+    return args
 
 
 def make_inputs(N: int, L: int, Q: int, heads: tuple[int, int, int], max_model_len: int) -> dict:
@@ -144,15 +148,28 @@ def run_case(model: str, N: int, L: int, Q: int, max_model_len: int) -> dict:
     return row
 
 
-def sweep_case(model: str, N: int, max_model_len: int, L: int = 2000, Q: int = 5) -> dict:
+def decode_one(x: dict, layer: int, **launch) -> torch.Tensor:
+    k_cache, v_cache = x["caches"][layer]
+    q = x["q"].view(-1, x["Q"], *x["q"].shape[1:])[:, 0]
+    return paged_decode_attention_triton(q, k_cache, v_cache, x["tables"], x["context_lens"], q.shape[-1] ** -0.5,
+                                         **launch)  # fmt: skip
+
+
+def sweep_case(model: str, N: int, max_model_len: int, L: int = 2000, Q: int = 5, splits=(1, 2, 4, 8, 16, 32),
+               decode: bool = False) -> dict:  # fmt: skip
     x = make_inputs(N, L, Q, HEADS[model], max_model_len)
     default = time_us(verify, x)
     times = {}
-    for splits, warps, tile in itertools.product((1, 2, 4, 8, 16, 32), (4, 8), (32, 64, 128)):
-        times[(splits, warps, tile)] = time_us(verify, x, num_splits=splits, num_warps=warps, tile_n=tile)
+    for s, warps, tile in itertools.product(splits, (4, 8), (32, 64, 128)):
+        times[(s, warps, tile)] = time_us(verify, x, num_splits=s, num_warps=warps, tile_n=tile)
     ok = {launch: t for launch, t in times.items() if isinstance(t, float)}
     best = min(ok, key=ok.get)
-    return {"model": model, "N": N, "L": L, "Q": Q, "default_us": default, "best": best, "best_us": ok[best]}
+    row = {"model": model, "N": N, "L": L, "Q": Q, "default_us": default, "best": best, "best_us": ok[best],
+           "one_split_us": min(t for (s, _, _), t in ok.items() if s == 1)}  # fmt: skip
+    if decode:
+        row["decode_default_us"] = time_us(decode_one, x)
+        row["decode_one_split_us"] = time_us(decode_one, x, num_splits=1)
+    return row
 
 
 def fmt(value) -> str:
@@ -187,12 +204,23 @@ def print_table(args: argparse.Namespace) -> list[dict]:
 
 
 def print_sweep(args: argparse.Namespace) -> list[dict]:
-    print("launch sweep at L=2000, Q=5: default vs best (splits, warps, tile tokens)")
+    if args.shapes_given:
+        cases = list(itertools.product(args.models.split(","), args.batch_sizes, args.context_lens, args.query_lens))
+        print(f"launch sweep, max model len {args.max_model_len}: verify default vs best (splits, warps, tile tokens) "
+              "and its best with one split; decode default vs one split")  # fmt: skip
+    else:
+        cases = [(model, N, 2000, 5) for model, N in itertools.product(args.models.split(","), (1, 16, 64))]
+        print("launch sweep at L=2000, Q=5: default vs best (splits, warps, tile tokens)")
     sweeps = []
-    for model, N in itertools.product(args.models.split(","), (1, 16, 64)):
-        s = sweep_case(model, N, args.max_model_len)
+    splits = (1, 2, 3, 4, 8) if args.shapes_given else (1, 2, 4, 8, 16, 32)
+    for model, N, L, Q in cases:
+        s = sweep_case(model, N, args.max_model_len, L, Q, splits, decode=args.shapes_given)
         sweeps.append(s)
-        print(f"{model:<14}{N:>4}  default {fmt(s['default_us'])}  best {s['best_us']:9.1f} at {s['best']}", flush=True)
+        line = f"{model:<14}{N:>4}{L:>6}{Q:>3}  default {fmt(s['default_us'])}  best {s['best_us']:9.1f} at {s['best']}"
+        if args.shapes_given:
+            decode = f"{fmt(s['decode_default_us'])} / 1 split {fmt(s['decode_one_split_us'])}"
+            line += f"  1 split {s['one_split_us']:7.1f}  decode {decode}"
+        print(line, flush=True)
         torch.cuda.empty_cache()
     return sweeps
 
