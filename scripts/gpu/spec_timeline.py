@@ -20,7 +20,7 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from nonstop.bench.spec import gsm8k_prompts, sampling, step_breakdown
+from nonstop.bench.spec import engine_len, gsm8k_prompts, sampling, step_breakdown
 from nonstop.config.assign import parse_key_values
 from nonstop.config.rollout import SpeculativeConfig
 from nonstop.rollout import LLM
@@ -95,11 +95,13 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=384)
     parser.add_argument("--temperature", type=float, default=0.6)
+    parser.add_argument("--max-model-len", type=int, default=None, help="as bench spec's")
     parser.add_argument("--spec", nargs="*", default=[])
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     config = SpeculativeConfig(**{"method": "suffix", **parse_key_values(args.spec)})
     llm = LLM(args.model, max_num_seqs=args.prompts * args.n, gpu_memory_utilization=0.5,
+              max_model_len=engine_len(args.max_model_len, args.max_tokens),
               speculative_config=dataclasses.asdict(config))  # fmt: skip
     engine = llm.llm_engine
     speculator, history = engine.speculator, engine.model_runner.verify.history

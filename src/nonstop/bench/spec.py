@@ -42,6 +42,14 @@ COST_RATIOS = (1.0, 1.3, 1.6)  # verify round / plain decode step, for the offli
 CALIBRATION = dict(prompt_lookup_max=6, num_speculative_tokens=4, disable_by_batch_size=1 << 30)
 
 
+# examples/gsm8k_smollm2.yaml's data.max_prompt_length: the trainer sizes its engine to that plus the responses.
+GSM8K_PROMPT_CAP = 320
+
+
+def engine_len(max_model_len: int | None, max_tokens: int) -> int:
+    return max_model_len or GSM8K_PROMPT_CAP + max_tokens
+
+
 def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",")]
 
@@ -60,6 +68,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=384)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-model-len", type=int, default=None, help="the engine's context length (default: "
+                        "320 + --max-tokens, as the GRPO example's engine; kernel launches read it)")  # fmt: skip
     parser.add_argument("--spec", nargs="*", default=[], help="speculative config keys, key=value (YAML values)")
     parser.add_argument("--offline", action="store_true", help="replay the drafter over plain generations instead")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
@@ -210,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     model = args.model or str(default_model_path())
     max_num_seqs = max(args.prompts) * args.n
     llm = LLM(model, device=args.device, max_num_seqs=max_num_seqs, gpu_memory_utilization=args.gpu_memory_utilization,
+              max_model_len=engine_len(args.max_model_len, args.max_tokens),
               speculative_config=dataclasses.asdict(config))  # fmt: skip
     if not args.offline and llm.llm_engine.model_runner.device.type != "cuda":
         raise SystemExit("nonstop bench spec needs a CUDA GPU (or --offline)")
