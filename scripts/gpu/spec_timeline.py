@@ -1,7 +1,8 @@
 """Where a generation's time goes on the device, plain against speculative decoding: the bench's real model and GSM8K
 prompts (`nonstop bench spec`'s setup), one warm-up and one profiled generation per side on the same engine, CUDA
 kernels and copies from torch.profiler. Per side: wall time, the device's busy time (the union of its kernels and
-copies), its idle time and the gaps that make it up, and kernel time by kernel. Prints a table; --out writes JSON.
+copies), its idle time and the gaps that make it up, and kernel time by kernel (the top 60 in the JSON). Prints a
+table; --out writes JSON.
 
     python3 scripts/gpu/spec_timeline.py --model ~/smollm2.gguf --data ~/gsm8k/train.jsonl [--prompts 8]
         [--temperature 0.6] [--spec disable_by_batch_size=64 ...] [--out timeline.json]
@@ -27,6 +28,7 @@ from nonstop.rollout import LLM
 
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 GAP_BINS_US = (10, 50, 200, 1000)
+KEPT_KERNELS, PRINTED_KERNELS = 60, 16  # kernels by time: in the JSON, in the table
 # CPU ops too on a machine without CUDA (a dry run of the script: no device events, nothing to sum).
 ACTIVITIES = [ProfilerActivity.CUDA] if torch.cuda.is_available() else [ProfilerActivity.CPU]
 
@@ -63,7 +65,7 @@ def summarise(intervals: list[tuple[float, float, str]], wall_s: float) -> dict:
     for low, high in zip((0, *GAP_BINS_US), (*GAP_BINS_US, float("inf")), strict=True):
         inside = [g for g in gaps if low <= g < high]
         bins[f"{low}-{high}us"] = {"count": len(inside), "ms": sum(inside) / 1e3}
-    top = sorted(by_kernel.items(), key=lambda kv: -kv[1][0])[:14]
+    top = sorted(by_kernel.items(), key=lambda kv: -kv[1][0])[:KEPT_KERNELS]
     kernels = {name: {"ms": t / 1e3, "count": c} for name, (t, c) in top}
     return {"wall_ms": wall_s * 1e3, "device_span_ms": span / 1e3, "busy_ms": busy / 1e3,
             "idle_ms": (span - busy) / 1e3, "gaps": bins, "kernels": kernels}  # fmt: skip
@@ -128,7 +130,7 @@ def main() -> None:
               f"{gaps}")  # fmt: skip
     for side in ("plain", "spec"):
         print(f"\n{side}: top kernels (ms, count)")
-        for name, k in result[side]["kernels"].items():
+        for name, k in list(result[side]["kernels"].items())[:PRINTED_KERNELS]:
             print(f"  {k['ms']:8.2f} {k['count']:6d}  {name}")
 
 
