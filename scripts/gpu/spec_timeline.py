@@ -113,6 +113,7 @@ def main() -> None:
         engine.speculator = speculator if side == "spec" else None
         for seed in (0, 1):  # a warm-up (captures, autotuning), then the profiled run with the bench's first seed
             history.responses.clear()
+            llm.reset_prefix_cache()  # as the bench: every generation prefills afresh
             params = sampling(args, args.temperature, len(prompts), seed=seed)
             if seed == 0:
                 llm.generate(prompts, params)

@@ -94,7 +94,10 @@ def sampling(args, temperature: float, num_prompts: int, seed: int) -> list[Samp
 
 
 def timed_generate(llm: LLM, prompts, params) -> tuple[list[list[int]], float, dict]:
-    """The samples' token ids, the wall time, and the call's metrics with `steps`: where the time went."""
+    """The samples' token ids, the wall time, and the call's metrics with `steps`: where the time went. Every call
+    prefills its prompts afresh, as a GRPO step after a weight update does (cached prompt KV from an earlier call
+    would make one side's prefill nearly free and the other's not)."""
+    llm.reset_prefix_cache()
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     sync()
     with llm.llm_engine.stats_window() as window:
