@@ -36,6 +36,11 @@ def test_offline_spec_bench_replays_plain_generations(tmp_path, capsys):
     # With every step in the drafting range, every step is a verify round.
     every = row["every_step"]
     assert every["verify_steps"] == every["steps"]
+    # Priced by tokens: a round computes at least its rows' last tokens; the plain generation one token a row a step.
+    for name in ("epoch1", "epoch2_history"):
+        stats = row[name]
+        assert stats["query_tokens"] >= stats["verify_seqs"] and stats["plain_tokens"] >= stats["plain_steps"]
+        assert set(stats["token_speedup"]) == {str(c) for c in spec.TOKEN_COSTS}
     assert "epoch2_history" in capsys.readouterr().out
 
 

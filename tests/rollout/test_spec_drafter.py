@@ -170,6 +170,10 @@ def test_the_offline_replay_counts_what_verify_rounds_keep():
     assert (stats.steps, stats.plain_steps, stats.verify_steps) == (4, 7, 4)
     assert (stats.verify_seqs, stats.drafted, stats.accepted, stats.verify_tokens) == (4, 4, 3, 7)
     assert stats.tokens_per_verify == 7 / 4 and stats.speedup(1.0) == 7 / 4 and stats.speedup(2.0) == 7 / 8
+    # Priced by tokens: plain, 7 steps of one row; with speculation, 4 rounds of one row x 5 query slots (the budget
+    # leaves the row its 4 draft tokens). At 0.1 a token: (7 + 0.7) / (4 + 2.0).
+    assert (stats.plain_tokens, stats.query_tokens, stats.plain_row_steps) == (7, 20, 0)
+    assert stats.token_speedup(0.0) == 7 / 4 and abs(stats.token_speedup(0.1) - 7.7 / 6.0) < 1e-12
 
 
 def test_the_offline_replay_drafts_within_the_token_budget():
@@ -182,3 +186,16 @@ def test_the_offline_replay_drafts_within_the_token_budget():
     stats = replay([([1, 2, 3], [[4, 5, 4, 5, 4, 5, 4, 5]])], config)
     assert (stats.steps, stats.plain_steps, stats.verify_steps) == (5, 7, 5)
     assert (stats.verify_seqs, stats.drafted, stats.accepted, stats.verify_tokens) == (5, 3, 2, 7)
+    assert stats.query_tokens == 5 * 2 and abs(stats.token_speedup(0.5) - (7 + 3.5) / (5 + 5.0)) < 1e-12
+
+
+def test_the_offline_replay_prices_plain_steps_above_the_range_by_their_rows():
+    """Two samples of 3 tokens with a drafting range of 1 sequence: both stay live to the end, so every step is a
+    plain step of 2 rows, 2 steps after the prefill's first token. Priced at 0.25 a token, both generations cost the
+    same: 1.0."""
+    from nonstop.rollout.spec.replay import replay
+
+    config = SpeculativeConfig(method="suffix", prompt_lookup_min=1, num_speculative_tokens=4, disable_by_batch_size=1)
+    stats = replay([([1, 2], [[3, 4, 5], [6, 7, 8]])], config)
+    assert (stats.steps, stats.verify_steps, stats.plain_row_steps, stats.plain_tokens) == (2, 0, 4, 4)
+    assert stats.token_speedup(0.25) == 1.0

@@ -37,6 +37,9 @@ from nonstop.rollout.spec.replay import replay
 
 DEFAULT_DATA = "/work/shared/data/gsm8k/train.jsonl"
 COST_RATIOS = (1.0, 1.3, 1.6)  # verify round / plain decode step, for the offline speed-up estimates
+# A token's cost in decode-step floors, for the offline estimates priced by tokens (`ReplayStats.token_speedup`): a
+# plain step's time grows by about this much per row (docs/engine.md: how to measure it for a model and GPU).
+TOKEN_COSTS = (0.0016, 0.004)
 # The calibration drafter: longest suffix match of up to 6 tokens over the sequence, its siblings and the
 # prompt, 4 draft tokens, every step drafting.
 CALIBRATION = dict(prompt_lookup_max=6, num_speculative_tokens=4, disable_by_batch_size=1 << 30)
@@ -208,7 +211,8 @@ def run_offline(llm: LLM, prompts, args, temperature: float, config: Speculative
     history = [outputs for _, outputs in epochs[0]]
     for name, groups, past in (("epoch1", epochs[0], None), ("epoch2_history", epochs[1], history)):
         stats = replay(groups, config, past)
-        result[name] = {**stats.to_json(), "speedup": {str(r): stats.speedup(r) for r in COST_RATIOS}}
+        result[name] = {**stats.to_json(), "speedup": {str(r): stats.speedup(r) for r in COST_RATIOS},
+                        "token_speedup": {str(c): stats.token_speedup(c) for c in TOKEN_COSTS}}  # fmt: skip
     every_step = dataclasses.replace(config, disable_by_batch_size=1 << 30)
     result["every_step"] = replay(epochs[0], every_step).to_json()
     return result
@@ -253,11 +257,14 @@ def main(argv: list[str] | None = None) -> int:
 def print_table(rows: list[dict], offline: bool) -> None:
     if offline:
         print(f"\n{'T':>4} {'seqs':>5} {'':14} {'accept':>7} {'tok/verify':>10} {'verify':>7} " +
-              " ".join(f"{'x@' + str(r):>6}" for r in COST_RATIOS))  # fmt: skip
+              " ".join(f"{'x@' + str(r):>6}" for r in COST_RATIOS) + " " +
+              " ".join(f"{'x@tok' + str(c):>10}" for c in TOKEN_COSTS))  # fmt: skip
         for r in rows:
             for name in ("calibration", "every_step", "epoch1", "epoch2_history"):
                 s = r[name]
                 speedups = " ".join(f"{s['speedup'][str(c)]:>6.2f}" for c in COST_RATIOS) if "speedup" in s else ""
+                if "token_speedup" in s:
+                    speedups += " " + " ".join(f"{s['token_speedup'][str(c)]:>10.2f}" for c in TOKEN_COSTS)
                 print(f"{r['temperature']:>4} {r['sequences']:>5} {name:14} {s['acceptance_rate']:>7.2f} "
                       f"{s['tokens_per_verify']:>10.2f} {s['verify_steps']:>7} {speedups}")  # fmt: skip
         return

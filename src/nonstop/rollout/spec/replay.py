@@ -8,7 +8,9 @@ prefill (one output token each); a step with more than `disable_by_batch_size` s
 (each moves one token on); in the drafting range every live sequence drafts (`suffix_match_drafts` over its group's
 streams as far as each got, and the history of earlier requests; as many tokens as `verify_token_budget` leaves for
 the live rows, unpadded) and moves on by what the draft keeps plus one. What
-the `auto` rule would do is not replayed: `speedup` prices a round at `cost_ratio` plain steps.
+the `auto` rule would do is not replayed: `speedup` prices a round at `cost_ratio` plain steps; `token_speedup`
+prices every step and round by the tokens it computes, a fixed floor plus `token_cost` floors a token (a plain step's
+tokens are its live rows, a round's its live rows x query slots), so it weighs what wider drafts cost.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ class ReplayStats:
     drafted: int = 0
     accepted: int = 0
     verify_tokens: int = 0
+    query_tokens: int = 0  # tokens the verify rounds computed: live rows x (1 + draft width)
+    plain_row_steps: int = 0  # rows in the plain steps taken with speculation (above the drafting range)
+    plain_tokens: int = 0  # rows in the plain generation's steps: its output tokens after the prefill's
 
     @property
     def acceptance_rate(self) -> float:
@@ -44,6 +49,12 @@ class ReplayStats:
         """Decode time without over with speculation, a verify round costing `cost_ratio` plain steps."""
         with_spec = self.steps - self.verify_steps + cost_ratio * self.verify_steps
         return self.plain_steps / with_spec if with_spec else 1.0
+
+    def token_speedup(self, token_cost: float) -> float:
+        """Decode time without over with speculation, a step or round costing 1 + `token_cost` x its tokens."""
+        plain = self.plain_steps + token_cost * self.plain_tokens
+        with_spec = self.steps + token_cost * (self.query_tokens + self.plain_row_steps)
+        return plain / with_spec if with_spec else 1.0
 
     def to_json(self) -> dict:
         return {**asdict(self), "acceptance_rate": self.acceptance_rate, "tokens_per_verify": self.tokens_per_verify}
@@ -77,6 +88,7 @@ def replay(
         streams_NG[n, : len(mates)] = torch.tensor(mates)
     own_N = torch.arange(N)
     stats.plain_steps = int((end_N - lengths_S[:N]).max())
+    stats.plain_tokens = int((end_N - lengths_S[:N]).sum())
     while True:
         live_N = lengths_S[:N] < end_N
         if not live_N.any():
@@ -84,6 +96,7 @@ def replay(
         stats.steps += 1
         if int(live_N.sum()) > config.disable_by_batch_size:
             lengths_S[:N] += live_N.long()
+            stats.plain_row_steps += int(live_N.sum())
             continue
         d = budget_query(int(live_N.sum()), D + 1, config.verify_token_budget) - 1
         drafts_ND, draft_len_N = suffix_match_drafts(tokens_SL, lengths_S, own_N, streams_NG, d,
@@ -97,6 +110,7 @@ def replay(
         lengths_S[:N] += kept_N
         stats.verify_steps += 1
         stats.verify_seqs += int(live_N.sum())
+        stats.query_tokens += int(live_N.sum()) * (d + 1)
         stats.drafted += int((valid_ND & live_N[:, None]).sum())
         stats.accepted += int(torch.minimum(accepted_N, kept_N - 1).clamp(min=0).sum())
         stats.verify_tokens += int(kept_N.sum())
