@@ -15,7 +15,8 @@ Each is timed as CUDA-graph replays of 24 calls (one per layer, each layer its o
 `triton.testing.do_bench_cudagraph`, median) and reported per call. TB/s is the K/V bytes of the valid tokens over
 the verify time; err is max |out - ref| / max |ref| against the fp32 reference. `--sweep` instead times the verify
 kernel's launch space (splits x warps x tile tokens) at N = 1, 16, 64, L = 2000, Q = 5 and prints the best launch
-beside the default one; with --batch-sizes, --context-lens and --query-lens given, it sweeps those shapes instead,
+beside the default one; with any of --batch-sizes, --context-lens and --query-lens given, it sweeps those shapes
+(the others at their table defaults) instead,
 and times the paged decode kernel (one query per row) at the same N and L, its default launch against one split.
 """
 
@@ -24,7 +25,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
-import sys
 
 import torch
 import triton.testing
@@ -48,14 +48,17 @@ def _ints(text: str) -> list[int]:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default=",".join(HEADS), help=f"comma list of {', '.join(HEADS)}")
-    parser.add_argument("--batch-sizes", type=_ints, default=[1, 4, 16, 64])
-    parser.add_argument("--context-lens", type=_ints, default=[128, 512, 2000])
-    parser.add_argument("--query-lens", type=_ints, default=[2, 5, 9], help="Q = 1 + draft tokens")
+    parser.add_argument("--batch-sizes", type=_ints, default=None, help="default 1,4,16,64")
+    parser.add_argument("--context-lens", type=_ints, default=None, help="default 128,512,2000")
+    parser.add_argument("--query-lens", type=_ints, default=None, help="Q = 1 + draft tokens; default 2,5,9")
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--sweep", action="store_true", help="the launch sweep instead of the method table")
     parser.add_argument("--out", default=None, help="also write the rows as JSON here")
     args = parser.parse_args()
-    args.shapes_given = any(a.startswith(("--batch-sizes", "--context-lens", "--query-lens")) for a in sys.argv[1:])
+    args.shapes_given = any(v is not None for v in (args.batch_sizes, args.context_lens, args.query_lens))
+    defaults = {"batch_sizes": [1, 4, 16, 64], "context_lens": [128, 512, 2000], "query_lens": [2, 5, 9]}
+    for name, default in defaults.items():
+        setattr(args, name, getattr(args, name) or default)
     return args
 
 
@@ -165,7 +168,7 @@ def sweep_case(model: str, N: int, max_model_len: int, L: int = 2000, Q: int = 5
     ok = {launch: t for launch, t in times.items() if isinstance(t, float)}
     best = min(ok, key=ok.get)
     row = {"model": model, "N": N, "L": L, "Q": Q, "default_us": default, "best": best, "best_us": ok[best],
-           "one_split_us": min(t for (s, _, _), t in ok.items() if s == 1)}  # fmt: skip
+           "one_split_us": min((t for (s, _, _), t in ok.items() if s == 1), default="error")}  # fmt: skip
     if decode:
         row["decode_default_us"] = time_us(decode_one, x)
         row["decode_one_split_us"] = time_us(decode_one, x, num_splits=1)
@@ -219,7 +222,7 @@ def print_sweep(args: argparse.Namespace) -> list[dict]:
         line = f"{model:<14}{N:>4}{L:>6}{Q:>3}  default {fmt(s['default_us'])}  best {s['best_us']:9.1f} at {s['best']}"
         if args.shapes_given:
             decode = f"{fmt(s['decode_default_us'])} / 1 split {fmt(s['decode_one_split_us'])}"
-            line += f"  1 split {s['one_split_us']:7.1f}  decode {decode}"
+            line += f"  1 split {fmt(s['one_split_us'])}  decode {decode}"
         print(line, flush=True)
         torch.cuda.empty_cache()
     return sweeps

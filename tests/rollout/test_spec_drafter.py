@@ -189,6 +189,20 @@ def test_the_offline_replay_drafts_within_the_token_budget():
     assert stats.query_tokens == 5 * 2 and abs(stats.token_speedup(0.5) - (7 + 3.5) / (5 + 5.0)) < 1e-12
 
 
+def test_the_offline_replay_prices_a_round_by_its_live_rows_only():
+    """Two samples, "4 5 4 5" and "6 7", after prompt 1 2 3. Round 1: neither finds its last token earlier (5, 7
+    kept); the second sample is done, so rounds 2-3 price one row: round 2 keeps 4 (no earlier "5"), round 3's "4"
+    drafts "5 4", but one token remains: 5 kept as the round's own. Rounds compute 2 x 5, then 1 x 5 and 1 x 5 tokens
+    (4 draft tokens each); the plain generation 3 + 1 tokens in 3 steps."""
+    from nonstop.rollout.spec.replay import replay
+
+    config = SpeculativeConfig(method="suffix", prompt_lookup_min=1, num_speculative_tokens=4)
+    stats = replay([([1, 2, 3], [[4, 5, 4, 5], [6, 7]])], config)
+    assert (stats.steps, stats.plain_steps, stats.verify_seqs, stats.drafted, stats.accepted) == (3, 3, 4, 2, 0)
+    assert (stats.query_tokens, stats.plain_tokens, stats.verify_tokens) == (20, 4, 4)
+    assert abs(stats.token_speedup(0.1) - (3 + 0.4) / (3 + 2.0)) < 1e-12
+
+
 def test_the_offline_replay_prices_plain_steps_above_the_range_by_their_rows():
     """Two samples of 3 tokens with a drafting range of 1 sequence: both stay live to the end, so every step is a
     plain step of 2 rows, 2 steps after the prefill's first token. Priced at 0.25 a token, both generations cost the

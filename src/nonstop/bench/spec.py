@@ -38,7 +38,8 @@ from nonstop.rollout.spec.replay import replay
 DEFAULT_DATA = "/work/shared/data/gsm8k/train.jsonl"
 COST_RATIOS = (1.0, 1.3, 1.6)  # verify round / plain decode step, for the offline speed-up estimates
 # A token's cost in decode-step floors, for the offline estimates priced by tokens (`ReplayStats.token_speedup`): a
-# plain step's time grows by about this much per row (docs/engine.md: how to measure it for a model and GPU).
+# plain step's time grows by about this much per row: 0.0016 fits SmolLM2-135M on an H100
+# (bench/results/2026-12-07-cpu-spec-offline-budget-10ebb0d/; docs/engine.md: how to measure it for another).
 TOKEN_COSTS = (0.0016, 0.004)
 # The calibration drafter: longest suffix match of up to 6 tokens over the sequence, its siblings and the
 # prompt, 4 draft tokens, every step drafting.
