@@ -6,11 +6,12 @@
 # GSM8K's release files, train.jsonl and test.jsonl (default .data/gsm8k, carried).
 #   (a) the GPU tests of speculative decoding and of the verify kernel
 #   (b) `nonstop bench spec` on the untrained model: T 0.6 / 1.0 x 8 / 64 / 256 sequences (1 / 8 / 32 prompts x 8);
-#       with TIMELINE=1, a profile of one 64-sequence generation per side (scripts/gpu/spec_timeline.py)
+#       with BUDGET_AB=B, the 64-sequence T 0.6 case again with `verify_token_budget` B (bench_budget.json); with
+#       TIMELINE=1, a profile of one 64-sequence generation per side (scripts/gpu/spec_timeline.py)
 #   (c) a short GRPO run on GSM8K (a lower-entropy checkpoint, as a policy mid-run) and `bench spec` on it at T 1.0
 #   (d) sync GRPO steps from that checkpoint with and without speculation, in one run (`nonstop bench spec-steps`):
 #       timing_s/gen and timing_s/step per side, paired
-# $OUT gets summary.txt, bench_untrained.json, bench_trained.json, spec_steps.json, timeline_64.json and logs.tgz
+# $OUT gets summary.txt, bench_untrained.json, bench_budget.json, bench_trained.json, spec_steps.json, timeline_64.json and logs.tgz
 # (every log). Set NONSTOP_GIT_COMMIT to the commit that runs (the device copy's .git is stale).
 # SKIP_TESTS=1, SKIP_BENCH=1 (both benches), SKIP_UNTRAINED=1 (the untrained model's bench), SKIP_TRAIN=1 (the checkpoint of an earlier call on this machine),
 # SKIP_AB=1 skip parts. STEPS (GRPO steps of (c), default 15), LR (its learning rate, default 1e-5), AB_PAIRS (timed
@@ -35,6 +36,10 @@ TRAIN=(python3 -m nonstop train examples/gsm8k_smollm2.yaml data.train_files=/tm
 [ -n "${SKIP_BENCH:-}${SKIP_UNTRAINED:-}" ] || t bench_untrained "${BENCH_LIMIT:-300}" python3 -m nonstop bench spec --model "$MODEL" --data "$DATA/train.jsonl" \
   --temperatures "${TEMPS:-0.6,1.0}" --prompts "${PROMPTS:-1,8,32}" --repeats "${REPEATS:-6}" \
   --out "$OUT/bench_untrained.json" ${SPEC[@]:+--spec "${SPEC[@]}"}
+
+[ -z "${BUDGET_AB:-}" ] || t bench_budget 150 python3 -m nonstop bench spec --model "$MODEL" --data "$DATA/train.jsonl" \
+  --temperatures 0.6 --prompts 8 --repeats "${REPEATS:-6}" --out "$OUT/bench_budget.json" \
+  --spec ${SPEC[@]:+"${SPEC[@]}"} verify_token_budget="$BUDGET_AB"
 
 [ -z "${TIMELINE:-}" ] || t timeline 150 python3 scripts/gpu/spec_timeline.py --model "$MODEL" --data "$DATA/train.jsonl" \
   --prompts 8 --out "$OUT/timeline_64.json" ${SPEC[@]:+--spec "${SPEC[@]}"}
@@ -69,10 +74,11 @@ def steps(path):
     return [r for r in rows if "timing_s/step" in r]
 
 
-for name in ("bench_untrained", "bench_trained"):
+for name in ("bench_untrained", "bench_budget", "bench_trained"):
     path = out / f"{name}.json"
     if not path.exists():
-        print(f"{name}: missing")
+        if name != "bench_budget":  # that one runs only with BUDGET_AB
+            print(f"{name}: missing")
         continue
     print(f"\n{name}: T seqs plain_s spec_s speedup x/len +history_s speedup accept tok/verify verify_frac same")
     rows = json.loads(path.read_text())["rows"]
