@@ -72,8 +72,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=384)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--max-model-len", type=int, default=None, help="the engine's context length (default: "
-                        "320 + --max-tokens, as the GRPO example's engine; kernel launches read it)")  # fmt: skip
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help=f"the engine's context length (default: {GSM8K_PROMPT_CAP} + --max-tokens, as the GRPO "
+                        "example's engine; kernel launches read it)")  # fmt: skip
     parser.add_argument("--spec", nargs="*", default=[], help="speculative config keys, key=value (YAML values)")
     parser.add_argument("--offline", action="store_true", help="replay the drafter over plain generations instead")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
