@@ -43,6 +43,12 @@ def test_offline_spec_bench_replays_plain_generations(tmp_path, capsys):
         assert stats["query_tokens"] >= 2 * stats["verify_seqs"]
         assert stats["verify_tokens"] + stats["plain_row_steps"] == stats["plain_tokens"]
         assert set(stats["token_speedup"]) == {str(c) for c in spec.TOKEN_COSTS}
+        # A round costs at least a plain step of its rows, so the ceiling bounds the priced speed-up; where the
+        # ceiling is above the target a round may cost more than a plain step, else less.
+        for c in spec.TOKEN_COSTS:
+            assert stats["free_speedup"][str(c)] >= stats["token_speedup"][str(c)]
+        ceiling, limit = stats["free_speedup"][str(spec.TOKEN_COSTS[0])], stats["break_even_round"]["1.5"]
+        assert stats["verify_steps"] == 0 or (limit > 1.0) == (ceiling > 1.5)
     assert "epoch2_history" in capsys.readouterr().out
 
 

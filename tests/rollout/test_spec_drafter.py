@@ -176,6 +176,24 @@ def test_the_offline_replay_counts_what_verify_rounds_keep():
     assert stats.token_speedup(0.0) == 7 / 4 and abs(stats.token_speedup(0.1) - 7.7 / 6.0) < 1e-12
 
 
+def test_the_offline_replay_bounds_what_verify_rounds_may_cost():
+    """The first replay's case (7 plain steps of one row, 4 rounds of one row): with every round priced as a plain
+    step of its row, at 0.1 a token, (7 + 0.7) / (4 + 0.4) = 1.75x is the ceiling; 1.5x leaves a round 7.7 / 1.5 /
+    4.4 = 7/6 of a plain step. In the two-row case every round after the first has one row left, and the plain
+    generation took 3 steps too: free rounds only match it (3.4 / 3.4), so 1.5x needs rounds cheaper than plain
+    steps."""
+    from nonstop.rollout.spec.replay import replay
+
+    config = SpeculativeConfig(method="suffix", prompt_lookup_min=1, num_speculative_tokens=4)
+    stats = replay([([1, 2, 3], [[4, 5, 4, 5, 4, 5, 4, 5]])], config)
+    assert abs(stats.free_speedup(0.1) - 7.7 / 4.4) < 1e-12
+    assert abs(stats.break_even_round(1.5, 0.1) - 7 / 6) < 1e-12
+    assert abs(stats.break_even_round(stats.free_speedup(0.1), 0.1) - 1.0) < 1e-12
+    two = replay([([1, 2, 3], [[4, 5, 4, 5], [6, 7]])], config)
+    assert abs(two.free_speedup(0.1) - 1.0) < 1e-12 and abs(two.break_even_round(1.5, 0.1) - 2 / 3) < 1e-12
+    assert replay([([1, 2], [[3]])], config).break_even_round(1.5, 0.1) == 0.0  # nothing verified
+
+
 def test_the_offline_replay_drafts_within_the_token_budget():
     """The same sample with a budget of 2 tokens a round: one row drafts one token. Rounds 1-2 draft nothing (5, 4);
     rounds 3 and 4 draft "5" after the latest "4", kept with the round's 4; round 5 drafts "5", the last token, kept as

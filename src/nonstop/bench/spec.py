@@ -14,7 +14,8 @@ sample that draws another token there continues differently, as exactly distribu
 
 `--offline` (any device, CPU included): plain generations only, then the device drafter replayed over them
 (rollout/spec/replay.py; exact, since the tokens a verify round keeps are the plain tokens): acceptance, tokens per
-verify round and the decode-step speed-up at assumed round costs, for the configured drafter and for the issue's
+verify round and the decode-step speed-up at assumed round costs (its ceiling where a round costs a plain step, and
+the most a round may cost for TARGET_SPEEDUP), for the configured drafter and for the issue's
 calibration drafter (suffix matches of up to 6 tokens, 4 draft tokens, drafting every step), and a second epoch of
 the same prompts drafted from the first's responses.
 """
@@ -41,6 +42,8 @@ COST_RATIOS = (1.0, 1.3, 1.6)  # verify round / plain decode step, for the offli
 # plain step's time grows by about this much per row: 0.0016 fits SmolLM2-135M on an H100
 # (bench/results/2026-12-07-cpu-spec-offline-budget-10ebb0d/; docs/engine.md: how to measure it for another).
 TOKEN_COSTS = (0.0016, 0.004)
+# The speed-up the offline table prices a round for (`ReplayStats.break_even_round`, at TOKEN_COSTS[0]).
+TARGET_SPEEDUP = 1.5
 # The issue's calibration drafter: longest suffix match of up to 6 tokens over the sequence, its siblings and the
 # prompt, 4 draft tokens, every step drafting.
 CALIBRATION = dict(prompt_lookup_max=6, num_speculative_tokens=4, disable_by_batch_size=1 << 30)
@@ -210,11 +213,13 @@ def run_offline(llm: LLM, prompts, args, temperature: float, config: Speculative
         walls.append(wall)
     calibration = dataclasses.replace(config, **CALIBRATION)
     result = {"plain_wall_s": walls, "calibration": replay(epochs[0], calibration).to_json()}
-    history = [outputs for _, outputs in epochs[0]]
+    history, target = [outputs for _, outputs in epochs[0]], TARGET_SPEEDUP
     for name, groups, past in (("epoch1", epochs[0], None), ("epoch2_history", epochs[1], history)):
         stats = replay(groups, config, past)
         result[name] = {**stats.to_json(), "speedup": {str(r): stats.speedup(r) for r in COST_RATIOS},
-                        "token_speedup": {str(c): stats.token_speedup(c) for c in TOKEN_COSTS}}  # fmt: skip
+                        "token_speedup": {str(c): stats.token_speedup(c) for c in TOKEN_COSTS},
+                        "free_speedup": {str(c): stats.free_speedup(c) for c in TOKEN_COSTS},
+                        "break_even_round": {str(target): stats.break_even_round(target, TOKEN_COSTS[0])}}  # fmt: skip
     every_step = dataclasses.replace(config, disable_by_batch_size=1 << 30)
     result["every_step"] = replay(epochs[0], every_step).to_json()
     return result
@@ -260,13 +265,15 @@ def print_table(rows: list[dict], offline: bool) -> None:
     if offline:
         print(f"\n{'T':>4} {'seqs':>5} {'':14} {'accept':>7} {'tok/verify':>10} {'verify':>7} " +
               " ".join(f"{'x@' + str(r):>6}" for r in COST_RATIOS) + " " +
-              " ".join(f"{'x@tok' + str(c):>10}" for c in TOKEN_COSTS))  # fmt: skip
+              " ".join(f"{'x@tok' + str(c):>10}" for c in TOKEN_COSTS) + f" {'ceiling':>7} {'round<=':>7}")  # fmt: skip
         for r in rows:
             for name in ("calibration", "every_step", "epoch1", "epoch2_history"):
                 s = r[name]
                 speedups = " ".join(f"{s['speedup'][str(c)]:>6.2f}" for c in COST_RATIOS) if "speedup" in s else ""
                 if "token_speedup" in s:
                     speedups += " " + " ".join(f"{s['token_speedup'][str(c)]:>10.2f}" for c in TOKEN_COSTS)
+                    speedups += (f" {s['free_speedup'][str(TOKEN_COSTS[0])]:>7.2f}"
+                                 f" {s['break_even_round'][str(TARGET_SPEEDUP)]:>7.2f}")  # fmt: skip
                 print(f"{r['temperature']:>4} {r['sequences']:>5} {name:14} {s['acceptance_rate']:>7.2f} "
                       f"{s['tokens_per_verify']:>10.2f} {s['verify_steps']:>7} {speedups}")  # fmt: skip
         return

@@ -10,7 +10,9 @@ streams as far as each got, and the history of earlier requests; as many tokens 
 the live rows, unpadded) and moves on by what the draft keeps plus one. What
 the `auto` rule would do is not replayed: `speedup` prices a round at `cost_ratio` plain steps; `token_speedup`
 prices every step and round by the tokens it computes, a fixed floor plus `token_cost` floors a token (a plain step's
-tokens are its live rows, a round's its live rows x query slots), so it weighs what wider drafts cost.
+tokens are its live rows, a round's its live rows x query slots), so it weighs what wider drafts cost;
+`free_speedup` is its ceiling for the drafts (a round at a plain step's price) and `break_even_round` what a round may
+cost for a target speed-up.
 """
 
 from __future__ import annotations
@@ -55,6 +57,23 @@ class ReplayStats:
         plain = self.plain_steps + token_cost * self.plain_tokens
         with_spec = self.steps + token_cost * (self.query_tokens + self.plain_row_steps)
         return plain / with_spec if with_spec else 1.0
+
+    def free_speedup(self, token_cost: float) -> float:
+        """`token_speedup`'s ceiling for these drafts: every round priced as a plain step of its live rows (a verify
+        round costs at least that)."""
+        plain = self.plain_steps + token_cost * self.plain_tokens
+        with_spec = self.steps + token_cost * (self.verify_seqs + self.plain_row_steps)
+        return plain / with_spec if with_spec else 1.0
+
+    def break_even_round(self, target: float, token_cost: float) -> float:
+        """The most a verify round may cost, in plain steps of its live rows (mean over rounds), for decoding to go
+        `target` times as fast as plain decoding at `token_cost`; below 1.0 these drafts cannot reach `target`."""
+        if not self.verify_steps:
+            return 0.0
+        plain = self.plain_steps + token_cost * self.plain_tokens
+        outside = self.steps - self.verify_steps + token_cost * self.plain_row_steps
+        free_rounds = self.verify_steps + token_cost * self.verify_seqs
+        return (plain / target - outside) / free_rounds
 
     def to_json(self) -> dict:
         return {**asdict(self), "acceptance_rate": self.acceptance_rate, "tokens_per_verify": self.tokens_per_verify}
