@@ -2,6 +2,7 @@
 Python reference and hand-built cases, the draft streams kept on the device, earlier responses kept per prompt, and
 the offline replay."""
 
+import dataclasses
 import random
 
 import pytest
@@ -192,6 +193,15 @@ def test_the_offline_replay_bounds_what_verify_rounds_may_cost():
     two = replay([([1, 2, 3], [[4, 5, 4, 5], [6, 7]])], config)
     assert abs(two.free_speedup(0.1) - 1.0) < 1e-12 and abs(two.break_even_round(1.5, 0.1) - 2 / 3) < 1e-12
     assert replay([([1, 2], [[3]])], config).break_even_round(1.5, 0.1) == 0.0  # nothing verified
+    # With a drafting range of one sequence the first step, both rows live, is a plain step of 2 rows (the second
+    # sample ends there); 3 rounds of one row follow (4; 5 4 drafted and kept, plus 5; 4 5). Plain: 7 + 0.8. Rounds
+    # at a plain step's price: 1 + 0.2 outside them, 3 + 0.3 for them: 7.8 / 4.5; for 1.5x the rounds may cost
+    # (7.8 / 1.5 - 1.2) / 3.3 plain steps (5.2 / 3.3 if the plain step outside them were left out).
+    ranged = dataclasses.replace(config, disable_by_batch_size=1)
+    three = replay([([1, 2, 3], [[4, 5, 4, 5, 4, 5, 4, 5], [6, 7]])], ranged)
+    assert (three.steps, three.verify_steps, three.plain_row_steps, three.plain_tokens) == (4, 3, 2, 8)
+    assert abs(three.free_speedup(0.1) - 7.8 / 4.5) < 1e-12
+    assert abs(three.break_even_round(1.5, 0.1) - 4.0 / 3.3) < 1e-12
 
 
 def test_the_offline_replay_drafts_within_the_token_budget():

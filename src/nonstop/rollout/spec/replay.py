@@ -66,8 +66,9 @@ class ReplayStats:
         return plain / with_spec if with_spec else 1.0
 
     def break_even_round(self, target: float, token_cost: float) -> float:
-        """The most a verify round may cost, in plain steps of its live rows (mean over rounds), for decoding to go
-        `target` times as fast as plain decoding at `token_cost`; below 1.0 these drafts cannot reach `target`."""
+        """The most the verify rounds may cost, as a multiple of their price as plain steps of their live rows (all
+        rounds together), for decoding to go `target` times as fast as plain decoding at `token_cost`; below 1.0
+        these drafts cannot reach `target`."""
         if not self.verify_steps:
             return 0.0
         plain = self.plain_steps + token_cost * self.plain_tokens
