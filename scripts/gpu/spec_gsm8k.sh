@@ -80,14 +80,18 @@ for name in ("bench_untrained", "bench_budget", "bench_trained"):
         if name != "bench_budget":  # that one runs only with BUDGET_AB
             print(f"{name}: missing")
         continue
-    print(f"\n{name}: T seqs plain_s spec_s speedup x/len +history_s speedup accept tok/verify verify_frac same")
+    print(f"\n{name}: T seqs plain_s spec_s speedup x/len +history_s speedup accept tok/verify verify_frac same"
+          " | replayed over plain: priced ceiling round<=1.5 | round/plain")
     rows = json.loads(path.read_text())["rows"]
     for r in rows:
         w, s = r["wall_s"], r["spec"]
         print(f"  {r['temperature']:.1f} {r['sequences']:4d} {w['plain']:.3f} {w['spec']:.3f} {r['speedup']:.2f}x "
               f"{r.get('speedup_per_longest', 0):.2f}x {w['spec_history']:.3f} {r['speedup_history']:.2f}x "
               f"{s.get('spec/acceptance_rate', 0):.2f} {s.get('spec/tokens_per_verify', 0):.2f} "
-              f"{s.get('spec/verify_step_frac', 0):.2f} {r['identical_to_plain']:.2f}")
+              f"{s.get('spec/verify_step_frac', 0):.2f} {r['identical_to_plain']:.2f}", end="")
+        x, cost = r.get("replay"), r.get("round_over_plain")
+        print(f" | {x['token_speedup']:.2f}x {x['free_speedup']:.2f}x {x['break_even_round']:.3f}" if x else " |", end="")
+        print(f" | {cost:.3f}" if cost is not None else " | -")
     for r in rows:  # where the time went, summed over the timed repeats: steps / seconds by launch kind
         for side in ("plain", "spec"):
             runs = r.get("steps", {}).get(side, [])

@@ -9,6 +9,7 @@ import pytest
 
 from nonstop.bench import spec
 from nonstop.cli.bench import BENCHMARKS
+from nonstop.config.rollout import SpeculativeConfig
 
 loading = pytest.importorskip("nonstop.models.loading")
 
@@ -94,9 +95,28 @@ def test_online_case_runs_both_sides_in_turn_and_reports_each_repeats_steps():
 
     llm.generate = recording
     args = argparse.Namespace(n=2, max_tokens=12, repeats=2)
-    row = spec.run_online(llm, [[5, 6, 7, 8], [9, 10, 11]], args, 0.6)
+    row = spec.run_online(llm, [[5, 6, 7, 8], [9, 10, 11]], args, 0.6, SpeculativeConfig(method="suffix"))
     # Per repeat (the first warms up): plain and spec in turn, then spec+history.
     assert order == ["plain", "spec", "spec", "spec", "plain", "spec", "plain", "spec", "spec"]
     assert all(len(row["steps"][side]) == 2 for side in ("plain", "spec", "spec_history"))
     assert all(b["longest"] == 12 for b in row["steps"]["plain"])  # random weights rarely stop early
     assert row["speedup_per_longest"] > 0 and len(row["wall_s_all"]["spec"]) == 2
+    # The drafter replayed over the plain side's samples: 11 decode steps after the prefill's token, at least one
+    # token a round, the ceiling above the priced estimate.
+    replayed = row["replay"]
+    assert replayed["plain_steps"] == 11 and 1 <= replayed["verify_steps"] <= 11
+    assert replayed["free_speedup"] >= replayed["token_speedup"] and replayed["tokens_per_verify"] >= 1.0
+    assert row["round_over_plain"] is None or row["round_over_plain"] > 0
+
+
+def test_a_rounds_cost_is_its_verify_launches_seconds_over_rounds_against_plain_decode_steps():
+    """Spec side: 0.25 s of fresh and 0.5 s of chained verify launches for 5 live rounds (the prefill and a plain
+    launch left out), 0.15 s a round; plain side: 0.9 s of decode launches and a 0.1 s read for a longest sample of
+    11 tokens, 10 decode steps of 0.1 s. Nothing verified: no ratio."""
+    spec_steps = {"kinds": {"prefill": {"steps": 1, "s": 2.0}, "verify": {"steps": 1, "s": 0.25},
+                            "chained": {"steps": 2, "s": 0.5}, "decode": {"steps": 1, "s": 0.3}}}  # fmt: skip
+    plain_steps = {"kinds": {"prefill": {"steps": 1, "s": 2.0}, "decode": {"steps": 2, "s": 0.9},
+                             "read": {"steps": 1, "s": 0.1}}, "longest": 11}  # fmt: skip
+    ratio = spec.round_over_plain(spec_steps, {"rollout/spec/num_verify_steps": 5}, plain_steps)
+    assert abs(ratio - 1.5) < 1e-12
+    assert spec.round_over_plain(spec_steps, {"rollout/spec/num_verify_steps": 0}, plain_steps) is None

@@ -150,3 +150,35 @@ def test_triton_matches_reference_on_cuda(case):
         assert use_fused_index_kernel(torch.zeros(1, dtype=torch.int64, device="cuda"))  # what the engine gets
         check_case(suffix_match_drafts_triton, sum(case), *case, device="cuda")
         check_case(suffix_match_drafts, sum(case) + 1, *case, device="cuda")  # through the dispatcher
+
+
+def check_replay_under_interpreter() -> list[int]:
+    """The offline replay (rollout/spec/replay.py) with the Triton drafter, as `bench spec` runs it on a GPU, against
+    the replay with the reference: two prompts x 3 samples over 3 token ids (long matches), lengths 6-24, a budget
+    that narrows the widest rounds. Returns the rounds, so the caller sees the case drafted."""
+    import random
+
+    import nonstop.rollout.spec.replay as module
+    from nonstop.config.rollout import SpeculativeConfig
+    from nonstop.kernels.suffix_match_triton import suffix_match_drafts_triton
+
+    rng = random.Random(5)
+    groups = [([7, 8, 9][: 2 + g], [[rng.randrange(3) for _ in range(rng.randrange(6, 25))] for _ in range(3)])
+              for g in range(2)]  # fmt: skip
+    config = SpeculativeConfig(method="suffix", num_speculative_tokens=4, verify_token_budget=12, prompt_lookup_max=5)
+    want = module.replay(groups, config)
+    reference = module.suffix_match_drafts
+    module.suffix_match_drafts = suffix_match_drafts_triton
+    try:
+        with block_size(16):
+            got = module.replay(groups, config)
+    finally:
+        module.suffix_match_drafts = reference
+    assert got == want, (got, want)
+    assert want.accepted > 0, "the case keeps drafts"
+    return [want.verify_steps, want.plain_steps]
+
+
+def test_the_offline_replay_with_the_triton_drafter_equals_the_reference_replay():
+    rounds, plain = run_under_interpreter("test_suffix_match", "check_replay_under_interpreter")
+    assert 0 < rounds < plain

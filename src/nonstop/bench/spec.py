@@ -130,13 +130,43 @@ def step_breakdown(steps, wall_s: float, samples: list[list[int]]) -> dict:
     return {"kinds": kinds, "outside_s": outside, "longest": max(map(len, samples), default=0)}
 
 
-def run_online(llm: LLM, prompts, args, temperature: float) -> dict:
-    """One (temperature, prompts) case: plain, spec and spec+history, `--repeats` times each, interleaved."""
+def replay_plain(llm: LLM, prompts, samples: list[list[int]], n: int, config: SpeculativeConfig) -> dict:
+    """The drafter replayed over one plain generation's samples (rollout/spec/replay.py, on the engine's device): the
+    rounds it would take, the speed-up priced by tokens at TOKEN_COSTS[0], its ceiling, and the most the rounds may
+    cost, in plain steps of their rows, for TARGET_SPEEDUP; decode steps only."""
+    groups = [(prompt, samples[i * n : (i + 1) * n]) for i, prompt in enumerate(prompts)]
+    with torch.inference_mode():
+        stats = replay(groups, config, device=llm.llm_engine.model_runner.device)
+    cost = TOKEN_COSTS[0]
+    return {"verify_steps": stats.verify_steps, "plain_steps": stats.plain_steps,
+            "tokens_per_verify": stats.tokens_per_verify, "token_speedup": stats.token_speedup(cost),
+            "free_speedup": stats.free_speedup(cost),
+            "break_even_round": stats.break_even_round(TARGET_SPEEDUP, cost)}  # fmt: skip
+
+
+def round_over_plain(spec_steps: dict, spec_metrics: dict, plain_steps: dict) -> float | None:
+    """A verify round's wall time against a plain step's, from one repeat's two sides: the spec side's verify
+    launches' seconds (fresh and chained) over its rounds, against the plain side's decode seconds over its decode
+    steps (its longest sample's tokens after the prefill's). The plain steps run at every row count the generation
+    passes through, the rounds at those of the drafting range, so this compares with `break_even_round` only roughly.
+    None where nothing verified."""
+    rounds = spec_metrics.get("rollout/spec/num_verify_steps", 0)
+    steps = plain_steps["longest"] - 1
+    if not rounds or steps < 1:
+        return None
+    round_s = sum(spec_steps["kinds"].get(k, {}).get("s", 0.0) for k in ("verify", "chained")) / rounds
+    plain_s = sum(plain_steps["kinds"].get(k, {}).get("s", 0.0) for k in ("decode", "read")) / steps
+    return round_s / plain_s if plain_s else None
+
+
+def run_online(llm: LLM, prompts, args, temperature: float, config: SpeculativeConfig) -> dict:
+    """One (temperature, prompts) case: plain, spec and spec+history, `--repeats` times each, interleaved; and the
+    drafter replayed over each repeat's plain samples (`replay_plain`)."""
     engine = llm.llm_engine
     speculator = engine.speculator
     history = engine.model_runner.verify.history
     sides = {"plain": [], "spec": [], "spec_history": []}
-    spec_metrics, history_metrics, identical = [], [], []
+    spec_metrics, history_metrics, identical, replays, round_costs = [], [], [], [], []
     captures = {side: [] for side in sides}  # seconds of CUDA-graph captures inside each timed run
     breakdown = {side: [] for side in sides}  # per repeat: `step_breakdown`
     for repeat in range(args.repeats + 1):  # the first round warms up (graph captures, autotuning)
@@ -164,6 +194,9 @@ def run_online(llm: LLM, prompts, args, temperature: float) -> dict:
             captures[side].append(m.get("rollout/graph_capture_s", 0.0))
             breakdown[side].append(m["steps"])
         identical.append(sum(a == b for a, b in zip(plain, spec, strict=True)) / len(plain))
+        replays.append(replay_plain(llm, prompts, plain, args.n, config))
+        cost = round_over_plain(metrics["steps"], metrics, p_metrics["steps"])
+        round_costs += [cost] if cost is not None else []
     wall = {side: statistics.median(times) for side, times in sides.items()}
     # Paired per repeat: a repeat's seed sets its response lengths, and a round lasts as long as its longest response.
     paired = {side: statistics.median(p / s for p, s in zip(sides["plain"], sides[side], strict=True))
@@ -187,6 +220,9 @@ def run_online(llm: LLM, prompts, args, temperature: float) -> dict:
         "graph_capture_s": {side: statistics.mean(times) for side, times in captures.items()},
         "generated_tokens": statistics.mean(m["rollout/generated_tokens"] for m in spec_metrics),
         "rule": rule_state(speculator.policy),
+        # Medians over the repeats: what the drafts allow (replayed over the plain side) against what the rounds cost.
+        "replay": {key: statistics.median(r[key] for r in replays) for key in replays[0]},
+        "round_over_plain": statistics.median(round_costs) if round_costs else None,
     }
 
 
@@ -253,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.offline:
                 row.update(run_offline(llm, prompts, args, temperature, config))
             else:
-                row.update(run_online(llm, prompts, args, temperature))
+                row.update(run_online(llm, prompts, args, temperature, config))
             payload["rows"].append(row)
             write_result(out, payload)  # after every case: a time limit keeps the rest
             print(json.dumps(row), flush=True)
@@ -286,6 +322,19 @@ def print_table(rows: list[dict], offline: bool) -> None:
               f"{r['speedup_per_longest']:>5.2f} {w['spec_history']:>8.3f} {r['speedup_history']:>5.2f} "
               f"{s.get('spec/acceptance_rate', 0):>7.2f} {s.get('spec/tokens_per_verify', 0):>10.2f} "
               f"{s.get('spec/verify_step_frac', 0):>7.2f} {r['identical_to_plain']:>5.2f} {capture:>9}")  # fmt: skip
+    print(
+        f"\nwhat the drafts allow, replayed over the plain side's samples (x@tok{TOKEN_COSTS[0]}; decode steps only), "
+        f"against what the rounds cost (wall, per plain step)"
+    )
+    print(f"{'T':>4} {'seqs':>5} {'rounds':>7} {'plain':>6} {'tok/round':>9} {'priced':>7} {'ceiling':>7} "
+          f"{'round<=' + str(TARGET_SPEEDUP):>10} {'round/plain':>11}")  # fmt: skip
+    for r in rows:
+        if "replay" not in r:
+            continue
+        x, cost = r["replay"], r.get("round_over_plain")
+        print(f"{r['temperature']:>4} {r['sequences']:>5} {x['verify_steps']:>7.0f} {x['plain_steps']:>6.0f} "
+              f"{x['tokens_per_verify']:>9.2f} {x['token_speedup']:>7.2f} {x['free_speedup']:>7.2f} "
+              f"{x['break_even_round']:>10.3f} {'-' if cost is None else f'{cost:.3f}':>11}")  # fmt: skip
     print("\nwhere the time went (last repeat; steps / seconds by what each step launched; outside: not in a step)")
     for r in rows:
         for side in ("plain", "spec"):

@@ -84,9 +84,11 @@ def replay(
     groups: list[tuple[list[int], list[list[int]]]],
     config: SpeculativeConfig,
     history: list[list[list[int]]] | None = None,
+    device: torch.device | str = "cpu",
 ) -> ReplayStats:
     """`groups`: (prompt token ids, the plain samples' output token ids) per request, run as one batch; `history`:
-    per request, earlier responses to its prompt (a later epoch drafts from them)."""
+    per request, earlier responses to its prompt (a later epoch drafts from them). On a CUDA `device` (under
+    inference mode) the drafts come from the engine's Triton drafter, which equals the tensor-op one."""
     D, stats = config.num_speculative_tokens, ReplayStats()
     rows = [(g, prompt, out) for g, (prompt, outputs) in enumerate(groups) for out in outputs if out]
     past = [(g, groups[g][0] + r) for g, responses in enumerate(history or []) for r in responses if r]
@@ -95,7 +97,7 @@ def replay(
         return stats
     streams = [prompt + out for _, prompt, out in rows] + [t for _, t in past]
     L = max(map(len, streams)) + D + 1
-    tokens_SL = torch.zeros(len(streams), L, dtype=torch.int64)
+    tokens_SL = torch.zeros(len(streams), L, dtype=torch.int32)  # the engine's streams' dtype
     for s, t in enumerate(streams):
         tokens_SL[s, : len(t)] = torch.tensor(t)
     lengths_S = torch.tensor([len(p) + 1 for _, p, _ in rows] + [len(t) for _, t in past])
@@ -107,30 +109,35 @@ def replay(
         mates = [n] + [s for s in range(len(streams)) if group_S[s] == group_S[n] and s != n]
         streams_NG[n, : len(mates)] = torch.tensor(mates)
     own_N = torch.arange(N)
+    tokens_SL, lengths_S, end_N, streams_NG, own_N = (
+        t.to(device) for t in (tokens_SL, lengths_S, end_N, streams_NG, own_N)
+    )
+    j_D = torch.arange(D, device=device)
     stats.plain_steps = int((end_N - lengths_S[:N]).max())
     stats.plain_tokens = int((end_N - lengths_S[:N]).sum())
     while True:
         live_N = lengths_S[:N] < end_N
-        if not live_N.any():
+        num_live = int(live_N.sum())
+        if not num_live:
             return stats
         stats.steps += 1
-        if int(live_N.sum()) > config.disable_by_batch_size:
+        if num_live > config.disable_by_batch_size:
             lengths_S[:N] += live_N.long()
-            stats.plain_row_steps += int(live_N.sum())
+            stats.plain_row_steps += num_live
             continue
-        d = budget_query(int(live_N.sum()), D + 1, config.verify_token_budget) - 1
+        d = budget_query(num_live, D + 1, config.verify_token_budget) - 1
         drafts_ND, draft_len_N = suffix_match_drafts(tokens_SL, lengths_S, own_N, streams_NG, d,
                                                      config.prompt_lookup_max, config.prompt_lookup_min)  # fmt: skip
-        valid_ND = torch.arange(d) < draft_len_N[:, None]
-        at_ND = lengths_S[:N, None] + torch.arange(d)
+        valid_ND = j_D[:d] < draft_len_N[:, None]
+        at_ND = lengths_S[:N, None] + j_D[:d]
         truth_ND = tokens_SL[own_N[:, None], at_ND.clamp(max=L - 1)]
         agree_ND = (drafts_ND == truth_ND) & valid_ND & (at_ND < end_N[:, None])
         accepted_N = torch.where(live_N, agree_ND.long().cumprod(dim=1).sum(dim=1), 0)
         kept_N = torch.where(live_N, torch.minimum(accepted_N + 1, end_N - lengths_S[:N]), 0)
         lengths_S[:N] += kept_N
         stats.verify_steps += 1
-        stats.verify_seqs += int(live_N.sum())
-        stats.query_tokens += int(live_N.sum()) * (d + 1)
+        stats.verify_seqs += num_live
+        stats.query_tokens += num_live * (d + 1)
         stats.drafted += int((valid_ND & live_N[:, None]).sum())
         stats.accepted += int(torch.minimum(accepted_N, kept_N - 1).clamp(min=0).sum())
         stats.verify_tokens += int(kept_N.sum())
