@@ -109,3 +109,54 @@ def test_auto_rule_keeps_outputs_and_reports_its_steps(llama):
     m = llm.metrics
     assert m["rollout/spec/num_verify_steps"] + m["rollout/spec/num_plain_steps"] > 0
     assert "rollout/spec/acceptance_rate" in m and m["rollout/small_batch_frac"] > 0
+
+
+def test_a_request_arriving_while_earlier_groups_hold_every_stream_slot(llama):
+    """Two verify rows hold 8 stream slots. A request whose prompt has 7 earlier responses takes them all (its own
+    stream and the 7 responses) while it runs alone; a request added meanwhile still gets a slot for its own stream
+    when the next launch is planned, and both generate what plain decoding does."""
+    P, Q = random_prompts([6, 7], seed=5)
+    llm = speculative_llm(llama, block_size=4, speculative_config={"disable_by_batch_size": 2})
+    streams = llm.llm_engine.model_runner.verify.streams
+    llm.generate([P], SamplingParams(n=7, temperature=1.0, max_tokens=10, seed=0, ignore_eos=True))
+    params = {"a": (P, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)),
+              "b": (Q, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))}  # fmt: skip
+    llm.add_request("a", *params["a"])
+    while llm.llm_engine.stats.num_verify_launches < 2:
+        llm.step()
+    assert not streams.free
+    llm.add_request("b", *params["b"])
+    outputs = {}
+    while llm.has_unfinished_requests():
+        outputs |= {o.request_id: o.outputs[0].token_ids for o in llm.step()}
+    plain = LLM(llama, block_size=4).generate([p for p, _ in params.values()], [s for _, s in params.values()])
+    assert [outputs["a"], outputs["b"]] == samples(plain)
+
+
+def test_a_row_drafts_only_from_its_own_groups_streams(llama, monkeypatch):
+    """The staged stream slots of every row: its group's, then -1 in every column (the CUDA drafter reads them all),
+    never those a row of an earlier launch held."""
+    P, Q = random_prompts([6, 7], seed=5)
+    llm = speculative_llm(llama, block_size=4)
+    verify = llm.llm_engine.model_runner.verify
+    planner = verify.planner
+    staged, plan = [], planner.plan
+
+    def recorded(batch, *args):
+        result = plan(batch, *args)
+        streams = verify.streams
+        groups = [
+            {*streams.members[s.request_id].values(), *(slot for slot, _ in streams.past[s.request_id])}
+            for s in batch.seqs
+        ]
+        staged.append((planner.fields.host["streams"][: len(batch.seqs)].copy(), groups))
+        return result
+
+    monkeypatch.setattr(planner, "plan", recorded)
+    llm.generate([P], SamplingParams(n=4, temperature=1.0, max_tokens=12, seed=0, ignore_eos=True))
+    llm.generate([Q], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    assert len({len(g) for _, groups in staged for g in groups}) == 2  # both requests verified
+    for streams_NG, groups in staged:
+        for row, group in zip(streams_NG.tolist(), groups, strict=True):
+            slots = [s for s in row if s >= 0]
+            assert set(slots) <= group and row[len(slots) :] == [-1] * (len(row) - len(slots))

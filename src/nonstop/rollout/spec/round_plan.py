@@ -84,7 +84,7 @@ class RoundPlanner:
         host["own"][:N] = own_N
         host["live"][:N] = 1
         host["kill"][:N] = 0
-        host["streams"][:N, :G] = streams_NG[:, :G]
+        host["streams"][:N] = streams_NG  # every column: the CUDA drafter reads them all (-1: none)
         host["lengths"][:] = lengths_S
         width = int(max(batch.kv_capacity) - 1) // B + 1
         host["block_tables"][:N, :width] = r.block_tables[rows_N, :width]

@@ -46,7 +46,12 @@ class DraftStreams:
         for seq in seqs:
             requests.setdefault(seq.request_id, seq)
             self.members.setdefault(seq.request_id, {})
-        # Running rows first: every row needs its own stream; siblings and history only where slots remain.
+        # Running rows first: every row needs its own stream; siblings and history only where slots remain. Slots that
+        # earlier launches gave to history and finished siblings (of requests still running) go back when new rows
+        # lack their own: nothing on the device reads them now (a launch is planned afresh after the last is read).
+        missing = sum(self.members[seq.request_id].get(seq.seq_id) is None for seq in seqs)
+        if missing > len(self.free):
+            self._reclaim(missing - len(self.free), {seq.seq_id for seq in seqs})
         for seq in seqs:
             slot = self._slot(seq)
             assert slot is not None, "fewer stream slots than verify rows"
@@ -76,6 +81,20 @@ class DraftStreams:
             streams_NG[n, : min(num_streams, len(mates))] = mates[:num_streams]
             longest = max(longest, int(self.held[mates].max()))
         return own_N, streams_NG, self.held, longest
+
+    def _reclaim(self, count: int, rows: set[int]) -> None:
+        """Free `count` slots held for drafting only: earlier responses first, then finished sequences' streams (never
+        a slot of `rows`, the launch's own streams)."""
+        for past in self.past.values():
+            while past and count:
+                self.free.append(past.pop()[0])
+                count -= 1
+        for members in self.members.values():
+            for seq_id in [i for i in members if i not in rows]:
+                if not count:
+                    return
+                self.free.append(members.pop(seq_id))
+                count -= 1
 
     def _take(self) -> int | None:
         if not self.free:
