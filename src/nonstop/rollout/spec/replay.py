@@ -54,16 +54,12 @@ class ReplayStats:
 
     def token_speedup(self, token_cost: float) -> float:
         """Decode time without over with speculation, a step or round costing 1 + `token_cost` x its tokens."""
-        plain = self.plain_steps + token_cost * self.plain_tokens
-        with_spec = self.steps + token_cost * (self.query_tokens + self.plain_row_steps)
-        return plain / with_spec if with_spec else 1.0
+        return self._priced(token_cost, self.query_tokens)
 
     def free_speedup(self, token_cost: float) -> float:
         """`token_speedup`'s ceiling for these drafts: every round priced as a plain step of its live rows (a verify
         round costs at least that)."""
-        plain = self.plain_steps + token_cost * self.plain_tokens
-        with_spec = self.steps + token_cost * (self.verify_seqs + self.plain_row_steps)
-        return plain / with_spec if with_spec else 1.0
+        return self._priced(token_cost, self.verify_seqs)
 
     def break_even_round(self, target: float, token_cost: float) -> float:
         """The most the verify rounds may cost, as a multiple of their price as plain steps of their live rows (all
@@ -71,10 +67,17 @@ class ReplayStats:
         these drafts cannot reach `target`."""
         if not self.verify_steps:
             return 0.0
-        plain = self.plain_steps + token_cost * self.plain_tokens
         outside = self.steps - self.verify_steps + token_cost * self.plain_row_steps
         free_rounds = self.verify_steps + token_cost * self.verify_seqs
-        return (plain / target - outside) / free_rounds
+        return (self._plain_cost(token_cost) / target - outside) / free_rounds
+
+    def _plain_cost(self, token_cost: float) -> float:
+        return self.plain_steps + token_cost * self.plain_tokens
+
+    def _priced(self, token_cost: float, round_tokens: int) -> float:
+        """Plain decoding's cost over speculation's, its rounds computing `round_tokens` tokens in all."""
+        with_spec = self.steps + token_cost * (round_tokens + self.plain_row_steps)
+        return self._plain_cost(token_cost) / with_spec if with_spec else 1.0
 
     def to_json(self) -> dict:
         return {**asdict(self), "acceptance_rate": self.acceptance_rate, "tokens_per_verify": self.tokens_per_verify}
