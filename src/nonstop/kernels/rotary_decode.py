@@ -57,29 +57,34 @@ def rotary_decode_attention(
     kernel attends to the new token from registers, the two steps read it back from its slot: the same unless the
     slot is negative (padding), where the two steps read whatever the cache holds at that position."""
     args = (q_NHE, k_NKE, v_NKE, cos_NE, sin_NE, k_cache_PBKE, v_cache_PBKE, slot_mapping_N, block_tables_NM)
-    if _takes_fused_kernel(args[:7], slot_mapping_N, block_tables_NM, context_lens_N):
+    fits = one_launch_inputs(args[:7], slot_mapping_N, block_tables_NM, context_lens_N)
+    if fits and _one_split(q_NHE, k_cache_PBKE, block_tables_NM):
         from nonstop.kernels.rotary_decode_triton import rotary_decode_attention_triton
 
         return rotary_decode_attention_triton(*args, context_lens_N, scale)
     return rotary_decode_attention_two_step(*args, context_lens_N, scale)
 
 
-def _takes_fused_kernel(
-    floats: tuple[Tensor, ...], slot_mapping_N: Tensor, block_tables_NM: Tensor, context_lens_N: Tensor
+def one_launch_inputs(
+    floats: tuple[Tensor, ...], slot_mapping: Tensor, block_tables_NM: Tensor, context_lens_N: Tensor
 ) -> bool:
-    """Whether the one-launch kernel takes the step: CUDA inference, one dtype and contiguous rows throughout, a
-    power-of-two head dim, and one split per sequence. Shapes, dtypes and the device only, so the choice is fixed at
-    CUDA-graph capture."""
-    q_NHE, k_cache_PBKE = floats[0], floats[5]
-    if not use_fused_kernel(q_NHE) or len({x.dtype for x in floats}) != 1:
+    """Whether a launch that rotates, writes the cache and attends (this one, `rotary_verify_attention`'s) can take
+    these inputs: CUDA inference, one dtype and contiguous rows throughout (`floats`: q, k, v, cos, sin, the caches),
+    a power-of-two head dim. Shapes, dtypes and the device only, so the choice is fixed at CUDA-graph capture."""
+    q, k_cache_PBKE = floats[0], floats[5]
+    if not use_fused_kernel(q) or len({x.dtype for x in floats}) != 1:
         return False
     if not (all(x.stride(-1) == 1 for x in floats) and block_tables_NM.stride(1) == 1):
         return False
-    if not (slot_mapping_N.is_contiguous() and context_lens_N.is_contiguous()):
+    if not (slot_mapping.is_contiguous() and context_lens_N.is_contiguous()):
         return False
+    E = q.shape[-1]
+    return E >= 16 and E & (E - 1) == 0 and k_cache_PBKE.shape[1] & (k_cache_PBKE.shape[1] - 1) == 0
+
+
+def _one_split(q_NHE: Tensor, k_cache_PBKE: Tensor, block_tables_NM: Tensor) -> bool:
+    """Whether the decode kernel would run one split per sequence here (the fused decode kernel has no reduce)."""
     from nonstop.kernels.paged_decode_triton import choose_num_splits, num_sms
 
-    N, _, E = q_NHE.shape
-    _, B, K, _ = k_cache_PBKE.shape
-    max_tokens = block_tables_NM.shape[1] * B
-    return E >= 16 and E & (E - 1) == 0 and choose_num_splits(N, K, max_tokens, num_sms(q_NHE.device)) == 1
+    N, B, K = q_NHE.shape[0], k_cache_PBKE.shape[1], k_cache_PBKE.shape[2]
+    return choose_num_splits(N, K, block_tables_NM.shape[1] * B, num_sms(q_NHE.device)) == 1

@@ -40,14 +40,15 @@ from nonstop.kernels.pdl import use_pdl
 @triton.jit
 def _load_rotated(ptr, row_offs, mask_rows, offs_e, cos, sin, sign, E: tl.constexpr):
     """Rows `[R, E]` at `ptr + row_offs` rotated: x * cos + rotate_half(x) * sin, rounded as the reference rounds
-    (`sign` is -1 on the first half, where rotate_half takes the negated second half)."""
+    (`cos` and `sin` fp32, `[1, E]` for one token's rows or `[R, E]` a row each; `sign` is -1 on the first half,
+    where rotate_half takes the negated second half)."""
     dtype = ptr.dtype.element_ty
     mask = mask_rows[:, None]
     x = tl.load(ptr + row_offs[:, None] + offs_e[None, :], mask=mask, other=0.0).to(tl.float32)
     partner = (offs_e + E // 2) % E
     x_partner = tl.load(ptr + row_offs[:, None] + partner[None, :], mask=mask, other=0.0).to(tl.float32)
-    a = (x * cos[None, :]).to(dtype).to(tl.float32)
-    b = (sign[None, :] * x_partner * sin[None, :]).to(dtype).to(tl.float32)
+    a = (x * cos).to(dtype).to(tl.float32)
+    b = (sign[None, :] * x_partner * sin).to(dtype).to(tl.float32)
     return (a + b).to(dtype)
 
 
@@ -102,8 +103,8 @@ def _rotary_decode_kernel(
     offs_e = tl.arange(0, E)
     heads = kv_head * G + offs_g
     mask_g = offs_g < G
-    cos = tl.load(cos_ptr + n * stride_cos + offs_e).to(tl.float32)
-    sin = tl.load(sin_ptr + n * stride_sin + offs_e).to(tl.float32)
+    cos = tl.load(cos_ptr + n * stride_cos + offs_e).to(tl.float32)[None, :]
+    sin = tl.load(sin_ptr + n * stride_sin + offs_e).to(tl.float32)[None, :]
     sign = tl.where(offs_e < E // 2, -1.0, 1.0)
     q = _load_rotated(q_ptr + n * stride_qn, heads * stride_qh, mask_g, offs_e, cos, sin, sign, E)
     one_row = tl.zeros([1], dtype=tl.int64) + kv_head

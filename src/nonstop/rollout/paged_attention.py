@@ -9,7 +9,8 @@ call writes the new k/v into the cache through `slot_mapping` (slot = block id *
 - decode: `paged_decode_attention` reads K/V straight from the blocks (Triton split-KV kernel on CUDA), or, when the
   step's metadata carries shared-prefix tiles, `cascade_decode_attention` reads each shared prefix once per tile;
 - verify (speculative decoding): each row's last token and draft, padded to Q query slots per row, attend over the
-  row's blocks, causally among the new tokens (`paged_verify_attention`).
+  row's blocks, causally among the new tokens (`paged_verify_attention`; `rotary_verify_attention` rotates, writes
+  and attends in one launch).
 Writing before reading is what lets a sequence attend to blocks another sequence in the same step is computing
 (prefix-cache hits registered at scheduling time). The decode-only step's fused kernel (`rotary_decode_attention`)
 writes and reads in one launch instead; the scheduler never gives a one-token row a hit on a block the step fills
@@ -34,6 +35,7 @@ from nonstop.kernels.reshape_and_cache import reshape_and_cache
 from nonstop.kernels.rotary import apply_rotary_qk
 from nonstop.kernels.rotary_cache import rotary_and_cache
 from nonstop.kernels.rotary_decode import rotary_decode_attention
+from nonstop.kernels.rotary_verify import rotary_verify_attention
 from nonstop.models.attention import flash_varlen_causal_attention, reference_causal_attention, use_fused_attention
 
 
@@ -82,18 +84,24 @@ class PagedAttention:
     def rotary_attention(
         self, layer_idx: int, q_THE: Tensor, k_TKE: Tensor, v_TKE: Tensor, cos_TE: Tensor, sin_TE: Tensor
     ) -> Tensor:
-        """`__call__` on q and k before the rotary embedding. A decode-only step (every decode step the CUDA graphs
-        capture) without shared-prefix tiles goes to `rotary_decode_attention` (one launch that rotates, writes the
-        cache and attends, where the decode kernel would run one split per sequence); with them it rotates and
-        writes in one launch (`rotary_and_cache`) and attends in another, as does a verify round; a step with prefill
-        tokens rotates first and takes `__call__`."""
+        """`__call__` on q and k before the rotary embedding. A verify round goes to `rotary_verify_attention` and a
+        decode-only step (every decode step the CUDA graphs capture) without shared-prefix tiles to
+        `rotary_decode_attention` (each one launch that rotates, writes the cache and attends; the decode one where
+        the decode kernel would run one split per sequence); with shared-prefix tiles a step rotates and writes in
+        one launch (`rotary_and_cache`) and attends in another; a step with prefill tokens rotates first and takes
+        `__call__`."""
         md = self.metadata
         if md.num_prefill_tokens > 0:
             q_THE, k_TKE = apply_rotary_qk(q_THE, k_TKE, cos_TE, sin_TE)
             return self(layer_idx, q_THE, k_TKE, v_TKE)
         k_cache_PBKE, v_cache_PBKE, k_flat, v_flat = self._caches(layer_idx)
-        if md.cascade is None and md.num_query_N is None:
-            scale = q_THE.shape[-1] ** -0.5
+        scale = q_THE.shape[-1] ** -0.5
+        if md.num_query_N is not None:
+            return rotary_verify_attention(
+                q_THE, k_TKE, v_TKE, cos_TE, sin_TE, k_cache_PBKE, v_cache_PBKE, md.slot_mapping_T,
+                md.block_tables_NM, md.context_lens_N, md.num_query_N, scale,
+            )  # fmt: skip
+        if md.cascade is None:
             return rotary_decode_attention(
                 q_THE, k_TKE, v_TKE, cos_TE, sin_TE, k_cache_PBKE, v_cache_PBKE, md.slot_mapping_T,
                 md.block_tables_NM, md.context_lens_N, scale,
