@@ -178,9 +178,9 @@ def _paged_verify_split_kernel(
             k = _load_rotated(k_ptr, k_rows, mask_t, offs_e, cos_t, sin_t, sign, E)
             v_rows = (n * Q + j).to(tl.int64) * stride_vt + kv_head * stride_vh
             v = tl.load(v_ptr + v_rows[:, None] + offs_e[None, :], mask=mask_t[:, None], other=0.0)
-            slot = tl.load(slot_mapping_ptr + n * Q + j, mask=mask_t, other=-1).to(tl.int64)
-            write = mask_t & (slot >= 0)
-            block, offset = slot // PAGE_SIZE, slot % PAGE_SIZE
+            new_slot = tl.load(slot_mapping_ptr + n * Q + j, mask=mask_t, other=-1).to(tl.int64)
+            write = mask_t & (new_slot >= 0)
+            block, offset = new_slot // PAGE_SIZE, new_slot % PAGE_SIZE
             k_dst = block * stride_kp + offset * stride_kb + kv_head * stride_kk
             v_dst = block * stride_vp + offset * stride_vb + kv_head * stride_vk
             tl.store(k_cache_ptr + k_dst[:, None] + offs_e[None, :], k.to(k_cache_ptr.dtype.element_ty),
