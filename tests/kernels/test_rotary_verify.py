@@ -39,7 +39,8 @@ def make_round(gen, lengths, num_query, Q, H, K, E, B, dtype):
     cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(dtype)
     sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(dtype)
     qkv = torch.randn(T, (H + 2 * K) * E, generator=gen).to(dtype)
-    q, k, v = qkv[:, : H * E].view(T, H, E), qkv[:, H * E : (H + K) * E].view(T, K, E), qkv[:, (H + K) * E :].view(T, K, E)
+    q = qkv[:, : H * E].view(T, H, E)
+    k, v = qkv[:, H * E : (H + K) * E].view(T, K, E), qkv[:, (H + K) * E :].view(T, K, E)
     num_query_N = torch.tensor(num_query, dtype=torch.int32)
     slot_mapping = torch.tensor(slots, dtype=torch.int64)
     return [q, k, v, cos, sin, k_cache, v_cache, slot_mapping, tables, ctx, num_query_N, E**-0.5], scratch
@@ -93,7 +94,8 @@ def check_kernel_under_interpreter() -> None:
         ref = rotary_verify_attention_two_step(*ref_args)
         case = f"case {i}: {splits} splits, G={G}, E={E}, B={B}, Q={Q}"
         compare(out, ref, args, ref_args, scratch, dtype, case)
-        assert (args[5][scratch].isnan().all() and args[6][scratch].isnan().all()), f"{case}: a padding slot was written"
+        unwritten = args[5][scratch].isnan().all() and args[6][scratch].isnan().all()
+        assert unwritten, f"{case}: a padding slot was written"
         # Negative slots (vLLM's padding convention) write nothing, and the new tokens still come from registers:
         # on the caches the first call filled, the same output.
         before = clone(args[5:7])

@@ -276,7 +276,8 @@ def paged_verify_attention_triton(
     """Same contract as `paged_verify_attention`; the keyword arguments are launch overrides for tests and benchmarks.
     Splits default to the paged decode kernel's choice for the same rows (the K/V traffic per program is the same)."""
     launch = dict(num_splits=num_splits, num_warps=num_warps, num_stages=num_stages, tile_n=tile_n)
-    return _verify(q_THE, None, k_cache_PBKE, v_cache_PBKE, block_tables_NM, context_lens_N, num_query_N, scale, **launch)
+    caches = (k_cache_PBKE, v_cache_PBKE, block_tables_NM)
+    return _verify(q_THE, None, *caches, context_lens_N, num_query_N, scale, **launch)
 
 
 def rotary_verify_attention_triton(
