@@ -64,14 +64,16 @@ def compare(out, ref, args, ref_args, scratch: int, dtype, case: str) -> None:
         assert torch.equal(got[keep].nan_to_num(7.0), want[keep].nan_to_num(7.0)), f"{case}: {name} cache differs"
 
 
-# (num_splits, group, kv heads, head dim, block size, Q, dtype): splits on and off (the tail in its own split or
-# sharing the last), G 1..7, Q 1..9, fp32 and fp16.
+# (num_splits, group, kv heads, head dim, block size, Q, dtype, tile tokens): splits on and off, G 1..7, Q 1..9, fp32
+# and fp16; 16-token tiles give the 60-token rows prefixes of several tiles, so the tail shares the last split with
+# prefix tiles in some rows and runs in an idle split in others.
 INTERPRETER_CASES = [
-    (1, 4, 2, 16, 4, 3, torch.float32),
-    (3, 2, 1, 32, 8, 5, torch.float16),
-    (1, 7, 1, 64, 16, 2, torch.float16),
-    (2, 1, 2, 16, 4, 9, torch.float32),
-    (4, 3, 1, 16, 16, 1, torch.float32),
+    (1, 4, 2, 16, 4, 3, torch.float32, None),
+    (3, 2, 1, 32, 8, 5, torch.float16, None),
+    (1, 7, 1, 64, 16, 2, torch.float16, None),
+    (2, 1, 2, 16, 4, 9, torch.float32, 16),
+    (4, 3, 1, 16, 16, 1, torch.float32, 16),
+    (2, 2, 1, 32, 16, 4, torch.float16, 16),
 ]
 
 
@@ -81,16 +83,16 @@ def check_kernel_under_interpreter() -> None:
 
     full_like = torch.full_like  # output buffers start as NaN, so an element the kernel forgets to write shows
     torch.empty_like = lambda t, **kwargs: full_like(t, float("nan"), **kwargs)
-    for i, (splits, G, K, E, B, Q, dtype) in enumerate(INTERPRETER_CASES):
+    for i, (splits, G, K, E, B, Q, dtype, tile_n) in enumerate(INTERPRETER_CASES):
         gen = torch.Generator().manual_seed(900 + i)
-        # Ragged rows (one at a single live query, one whose whole context is new tokens) and CUDA-graph padding
-        # (context 0, no query).
-        lengths = random_lengths(gen, 3, B, 60) + [Q, 0]
+        # Ragged rows (one at a single live query, one of 51 tokens: a prefix of three 16-token tiles, one whose whole
+        # context is new tokens) and CUDA-graph padding (context 0, no query).
+        lengths = random_lengths(gen, 3, B, 60) + [51, Q, 0]
         num_query = random_num_query(gen, lengths[:-1], Q) + [0]
         num_query[0], num_query[-2] = 1, Q
         args, scratch = make_round(gen, lengths, num_query, Q, K * G, K, E, B, dtype)
         ref_args = clone(args)
-        out = rotary_verify_attention_triton(*args, num_splits=splits)
+        out = rotary_verify_attention_triton(*args, num_splits=splits, tile_n=tile_n)
         ref = rotary_verify_attention_two_step(*ref_args)
         case = f"case {i}: {splits} splits, G={G}, E={E}, B={B}, Q={Q}"
         compare(out, ref, args, ref_args, scratch, dtype, case)
@@ -100,7 +102,7 @@ def check_kernel_under_interpreter() -> None:
         # on the caches the first call filled, the same output.
         before = clone(args[5:7])
         args[7] = torch.full_like(args[7], -1)
-        again = rotary_verify_attention_triton(*args, num_splits=splits)
+        again = rotary_verify_attention_triton(*args, num_splits=splits, tile_n=tile_n)
         for got, want in zip(args[5:7], before, strict=True):
             assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0)), f"{case}: a negative slot was written"
         assert torch.equal(again, out), f"{case}: negative slots changed the output"

@@ -18,8 +18,9 @@ With ROTARY (`rotary_verify_attention_triton`), q and the new tokens' k come in 
 them, and the launch also does what `rotary_and_cache` did before it: every program rotates its query rows, and the
 program of the causal tail rotates the row's new keys, writes them and the values into their cache slots and attends
 to them from registers. The new tokens then all belong to the tail (the shared prefix is the cached context alone),
-so no program reads a slot this launch writes; the scheduler keeps rows from reading slots other rows write
-(`BlockManager.settled_prefix`). Only live query slots write (padding slots' KV goes nowhere). The rotation rounds
+so no program reads a slot this launch writes. No row reads a slot another row writes either: rows share only full
+blocks, hashed when the step that fills them was scheduled (earlier launches, in stream order), and a verify launch
+admits no new row. Only live query slots write (padding slots' KV goes nowhere). The rotation rounds
 as `apply_rotary_reference` does, without FMA contraction (`rotary_decode_triton.py` says why), so the cached keys are
 bit-identical to the two-launch path's; the outputs differ at rounding level (the first new token joins the online
 softmax in the tail tile instead of the prefix's).
@@ -178,8 +179,10 @@ def _paged_verify_split_kernel(
             k = _load_rotated(k_ptr, k_rows, mask_t, offs_e, cos_t, sin_t, sign, E)
             v_rows = (n * Q + j).to(tl.int64) * stride_vt + kv_head * stride_vh
             v = tl.load(v_ptr + v_rows[:, None] + offs_e[None, :], mask=mask_t[:, None], other=0.0)
-            new_slot = tl.load(slot_mapping_ptr + n * Q + j, mask=mask_t, other=-1).to(tl.int64)
-            write = mask_t & (new_slot >= 0)
+            # Every live slot writes (a position before the context's start, which no engine round has, too).
+            live_t = j < num_query
+            new_slot = tl.load(slot_mapping_ptr + n * Q + j, mask=live_t, other=-1).to(tl.int64)
+            write = live_t & (new_slot >= 0)
             block, offset = new_slot // PAGE_SIZE, new_slot % PAGE_SIZE
             k_dst = block * stride_kp + offset * stride_kb + kv_head * stride_kk
             v_dst = block * stride_vp + offset * stride_vb + kv_head * stride_vk
@@ -294,8 +297,10 @@ def rotary_verify_attention_triton(
     num_query_N: Tensor,
     scale: float,
     num_splits: int | None = None,
+    tile_n: int | None = None,
 ) -> Tensor:
-    """Same contract as `rotary_verify_attention` (kernels/rotary_verify.py), in one launch (two with splits)."""
+    """Same contract as `rotary_verify_attention` (kernels/rotary_verify.py), in one launch (two with splits); the
+    keyword arguments are launch overrides for tests."""
     T, K, E = q_THE.shape[0], k_cache_PBKE.shape[2], q_THE.shape[2]
     assert k_TKE.shape == v_TKE.shape == (T, K, E) and cos_TE.shape == sin_TE.shape == (T, E)
     assert slot_mapping_T.shape == (T,) and slot_mapping_T.is_contiguous()
@@ -304,7 +309,7 @@ def rotary_verify_attention_triton(
     assert all(x.stride(-1) == 1 for x in tensors), "the last dim must be contiguous"
     rotary = (k_TKE, v_TKE, cos_TE, sin_TE, slot_mapping_T)
     return _verify(q_THE, rotary, k_cache_PBKE, v_cache_PBKE, block_tables_NM, context_lens_N, num_query_N, scale,
-                   num_splits=num_splits)  # fmt: skip
+                   num_splits=num_splits, tile_n=tile_n)  # fmt: skip
 
 
 def _verify(
@@ -419,7 +424,9 @@ def compile_verify_variants(
     padding, so nothing is written), so each call meets the Triton specialization a real launch of that shape meets
     (pointer alignment of the buffers' views, the block-table width the split plan reads; q, k and v as column slices
     of one projection output, as the model hands them over) and the compile it needs happens here, at engine start,
-    instead of inside a generation. Returns the outputs (all zeros), for tests."""
+    instead of inside a generation. The plain variant is not compiled: the engine reaches it only where the rotary
+    one cannot take the inputs (`one_launch_inputs`: mixed dtypes, fused kernels off). Returns the outputs (all
+    zeros), for tests."""
     outputs, (K, E), device = [], k_cache_PBKE.shape[2:], k_cache_PBKE.device
     for rows, slots in shapes:
         T = rows * slots

@@ -2,8 +2,8 @@
 last token and draft), paged verify attention over the whole context, causal among the new tokens. On CUDA in
 inference, with every tensor in one dtype and contiguous rows, one Triton launch (two where the context is split;
 `paged_verify_triton.py`); otherwise the two steps, `rotary_and_cache` then `paged_verify_attention`, each through its
-own dispatcher. The caller keeps rows from reading slots other rows write in the same launch (the scheduler's
-`BlockManager.settled_prefix`).
+own dispatcher. No row may read a slot another row writes in the same launch: rows share only full blocks, hashed
+when the step that filled them was scheduled, and a verify launch admits no new row.
 
 Legend: N rows, Q query slots per row, T = N * Q query tokens, H query heads, K kv heads, E head dim, P physical
 blocks, B block size, M max blocks per row.
