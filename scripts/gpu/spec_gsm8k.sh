@@ -49,7 +49,8 @@ CKPT=$RUN/checkpoints/global_step_$STEPS/actor
 if [ "${AB_FROM:-}" = untrained ]; then
   CKPT=$MODEL
 elif [ -z "${SKIP_TRAIN:-}" ]; then
-  t train 240 "${TRAIN[@]}" actor_rollout_ref.model.path="$MODEL" trainer.total_training_steps="$STEPS" \
+  TRAIN_LIMIT=$((120 + 8 * STEPS)); [ "$TRAIN_LIMIT" -le 450 ] || TRAIN_LIMIT=450  # room for the bench in the same call
+  t train "$TRAIN_LIMIT" "${TRAIN[@]}" actor_rollout_ref.model.path="$MODEL" trainer.total_training_steps="$STEPS" \
     trainer.save_freq="$STEPS" trainer.default_local_dir="$RUN" actor_rollout_ref.actor.optim.lr="$LR"
 fi
 if [ -e "$CKPT" ]; then
