@@ -16,7 +16,7 @@
 # SKIP_TESTS=1, SKIP_BENCH=1 (both benches), SKIP_UNTRAINED=1 (the untrained model's bench), SKIP_TRAIN=1 (the checkpoint of an earlier call on this machine),
 # SKIP_AB=1 skip parts. STEPS (GRPO steps of (c), default 15), LR (its learning rate, default 1e-5), AB_PAIRS (timed
 # pairs of (d), default 4), TEMPS, PROMPTS and REPEATS (of (b), default 0.6,1.0, 1,8,32 and 6), TRAINED_REPEATS
-# (default 4) change the sizes, BENCH_LIMIT each bench's time limit (s); SPEC="key=value ..." sets speculative config keys everywhere; AB_FROM=untrained skips (c) and runs (d)
+# (default 6) change the sizes, BENCH_LIMIT each bench's time limit (s); SPEC="key=value ..." sets speculative config keys everywhere; AB_FROM=untrained skips (c) and runs (d)
 # from MODEL.
 source "$(dirname "$0")/common.sh"
 MODEL=${1:-$HOME/SmolLM2-135M-Instruct.Q4_1.gguf}
@@ -55,7 +55,7 @@ elif [ -z "${SKIP_TRAIN:-}" ]; then
 fi
 if [ -e "$CKPT" ]; then
   [ "$CKPT" = "$MODEL" ] || [ -n "${SKIP_BENCH:-}" ] || t bench_trained "${BENCH_LIMIT:-200}" python3 -m nonstop bench spec --model "$CKPT" --data "$DATA/train.jsonl" \
-    --temperatures 1.0 --prompts 1,8,32 --repeats "${TRAINED_REPEATS:-4}" --out "$OUT/bench_trained.json" ${SPEC[@]:+--spec "${SPEC[@]}"}
+    --temperatures 1.0 --prompts 1,8,32 --repeats "${TRAINED_REPEATS:-6}" --out "$OUT/bench_trained.json" ${SPEC[@]:+--spec "${SPEC[@]}"}
   [ -n "${SKIP_AB:-}" ] || t spec_steps 240 python3 -m nonstop bench spec-steps examples/gsm8k_smollm2.yaml --pairs "$AB_PAIRS" \
     --out "$OUT/spec_steps.json" data.train_files=/tmp/gsm8k/train.parquet data.val_files=/tmp/gsm8k/test.parquet \
     trainer.logger=[console] actor_rollout_ref.model.path="$CKPT" trainer.default_local_dir=/tmp/runs/spec_steps "${SPEC[@]/#/actor_rollout_ref.rollout.speculative.}"
