@@ -173,14 +173,15 @@ def _paged_verify_split_kernel(
         if ROTARY:  # all num_query new tokens, from the inputs: rotated, written to their slots, kept in registers
             j = tl.arange(0, TAIL)
             tokens = context_len - num_query + j
-            mask_t = (j < num_query) & (tokens >= 0)
-            cos_t, sin_t = _cos_sin(cos_ptr, sin_ptr, n * Q + j, mask_t, offs_e, stride_cos, stride_sin)
-            k_rows = (n * Q + j).to(tl.int64) * stride_kt + kv_head * stride_kh
-            k = _load_rotated(k_ptr, k_rows, mask_t, offs_e, cos_t, sin_t, sign, E)
-            v_rows = (n * Q + j).to(tl.int64) * stride_vt + kv_head * stride_vh
-            v = tl.load(v_ptr + v_rows[:, None] + offs_e[None, :], mask=mask_t[:, None], other=0.0)
-            # Every live slot writes (a position before the context's start, which no engine round has, too).
+            # Every live slot is rotated and written; a key at a position before the context's start (no engine
+            # round has one) is seen by no query.
             live_t = j < num_query
+            mask_t = live_t & (tokens >= 0)
+            cos_t, sin_t = _cos_sin(cos_ptr, sin_ptr, n * Q + j, live_t, offs_e, stride_cos, stride_sin)
+            k_rows = (n * Q + j).to(tl.int64) * stride_kt + kv_head * stride_kh
+            k = _load_rotated(k_ptr, k_rows, live_t, offs_e, cos_t, sin_t, sign, E)
+            v_rows = (n * Q + j).to(tl.int64) * stride_vt + kv_head * stride_vh
+            v = tl.load(v_ptr + v_rows[:, None] + offs_e[None, :], mask=live_t[:, None], other=0.0)
             new_slot = tl.load(slot_mapping_ptr + n * Q + j, mask=live_t, other=-1).to(tl.int64)
             write = live_t & (new_slot >= 0)
             block, offset = new_slot // PAGE_SIZE, new_slot % PAGE_SIZE
