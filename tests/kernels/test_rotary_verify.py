@@ -11,6 +11,7 @@ import torch
 from interpreter import run_under_interpreter
 from test_paged_decode import make_paged_inputs, random_lengths
 from test_paged_verify import random_num_query
+from test_rotary_decode import to
 
 from nonstop.kernels.rotary_verify import rotary_verify_attention, rotary_verify_attention_two_step
 
@@ -132,16 +133,15 @@ def test_triton_matches_two_step_on_cuda(seed: int):
     lengths = random_lengths(gen, 40, B, max_len=700) + [0]
     num_query = random_num_query(gen, lengths[:-1], Q) + [0]
     args, scratch = make_round(gen, lengths, num_query, Q, H, K, E, B, torch.bfloat16)
-    args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]
+    args = to(args, "cuda")
     two_step_args = clone(args)
-    cpu_args = [a.float().cpu() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
-    cpu_args = [a.cpu() if isinstance(a, torch.Tensor) else a for a in cpu_args]
+    cpu_args = to([a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args], "cpu")
     with torch.inference_mode():
         out = rotary_verify_attention_triton(*args)
         two_step = rotary_verify_attention_two_step(*two_step_args)
-    compare(out.cpu(), two_step.cpu(), [a.cpu() if isinstance(a, torch.Tensor) else a for a in args],
-            [a.cpu() if isinstance(a, torch.Tensor) else a for a in two_step_args], scratch, torch.bfloat16,
-            f"seed {seed}")  # fmt: skip
+    compare(
+        out.cpu(), two_step.cpu(), to(args, "cpu"), to(two_step_args, "cpu"), scratch, torch.bfloat16, f"seed {seed}"
+    )
     ref = rotary_verify_attention_two_step(*cpu_args)
     err = ((out.float().cpu() - ref).abs().max() / ref.abs().max()).item()
     assert err <= 3e-2, f"seed {seed}: {err:.2e} from the fp32 reference"
