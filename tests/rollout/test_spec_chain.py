@@ -213,3 +213,19 @@ def test_a_chain_goes_on_when_fewer_rows_would_only_draft_one_more_token(llama, 
     assert log.kills.count(None) == 1 and len(log.kills) > 2
     # The 64-row launches went on after the 24 rows had ended (read as ended, then killed).
     assert any(sum(running) == 40 for running in log.running) and any(kill and any(kill) for kill in log.kills)
+
+
+def test_every_step_is_logged_including_the_read_that_ends_a_chain(llama):
+    """The step that reads a chain's last verify launch and finds nothing left to run (on a GPU it waits for that
+    launch's rounds) is logged as a step like plain decoding's last read, not left outside every step."""
+    _, model = llama
+    llm, prompts, params, plain = three_groups(model, seed=8, max_tokens=40)
+    engine = llm.llm_engine
+    calls, step = [], engine.step
+    engine.step = lambda: calls.append(1) or step()
+    with engine.stats_window() as window:
+        out = llm.generate(prompts, params)
+    assert [c.token_ids for o in out for c in o.outputs] == [c.token_ids for o in plain for c in o.outputs]
+    assert llm.stats.num_chained_launches > 0
+    assert len(window.steps) == len(calls)
+    assert window.steps[-1].launch == ""  # the read that ended the chain

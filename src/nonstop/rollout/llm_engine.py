@@ -178,6 +178,7 @@ class LLMEngine:
         outputs, self.ready = self.ready, []
         stats, spec, batch, chained = self.scheduler.stats, self.speculator, None, False
         idle_from = None  # a verify launch planned afresh: when the device ran out of work before it
+        drained = False  # this step read the launch in flight before scheduling (a verify launch's rows)
         if spec is not None and spec.wants_verify(self.scheduler):
             batch = self._chained_verify()
             chained = batch is not None
@@ -191,11 +192,15 @@ class LLMEngine:
                 batch = self.scheduler.schedule(rounds)
         else:
             if self.in_flight is not None and self.in_flight.verify is not None:
+                drained = True
                 outputs += self._process_in_flight()  # the host's tokens are a whole verify launch behind
             batch = self.scheduler.schedule()
         if not batch.seqs and self.in_flight is None:
             assert self.scheduler.is_finished(), "unfinished requests but nothing could be scheduled"
-            return outputs
+            if not drained:
+                return outputs
+            # It read the last launch of a verify chain (on CUDA: waited for the device to run it): a step like the
+            # plain read step that ends a batch, logged below ("" launch), not time outside every step.
         launched, verify, captured, num_seqs = None, batch.num_rounds > 0, False, len(batch.seqs)
         prefill = not verify and max(batch.num_new_tokens, default=0) > 1
         if batch.seqs:
