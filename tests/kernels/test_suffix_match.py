@@ -1,6 +1,7 @@
 """The Triton drafter (kernels/suffix_match_triton.py) against `suffix_match_drafts_reference`: the same drafts and
 draft lengths on random streams over a few token ids (many matches, long ones), with padding rows, absent and
-duplicate stream slots, empty and one-token streams, streams longer than a block, and exact ties between streams.
+duplicate stream slots, empty and one-token streams, streams longer than a block, exact ties between streams, and
+rows whose listed streams are partly another group's (ranked below the row's group at equal matches).
 
 Legend: S streams (the last one scratch), L stream capacity, N rows, G streams per row, D draft tokens.
 """
@@ -68,25 +69,27 @@ def make_case(seed: int, N: int, G: int, L: int, D: int, max_match: int, vocab: 
     streams_NG[2, 1:3] = torch.tensor([full, later])
     streams_NG[3, -1] = own_N[3]  # a repeated stream
     streams_NG[live:] = -1
+    group_N = torch.randint(1, G + 1, (N,), generator=gen)
+    group_N[:2], group_N[live:] = G, 0
     ties = plant_tie(tokens_SL, lengths_S, (0, 1), own_N, streams_NG, D, max_match, vocab)
     plant_stream_start(tokens_SL, lengths_S, 2, int(own_N[2]), full, later, vocab)
-    tensors = [t.to(device) for t in (tokens_SL, lengths_S, own_N, streams_NG)]
+    tensors = [t.to(device) for t in (tokens_SL, lengths_S, own_N, streams_NG, group_N)]
     return tensors, ties
 
 
 def check_case(run, seed: int, N: int, G: int, L: int, D: int, max_match: int, min_match: int, vocab: int,
                device="cpu") -> list[int]:  # fmt: skip
     """Compares `run` with the reference; returns the live rows' draft lengths (for the callers' coverage checks)."""
-    (tokens_SL, lengths_S, own_N, streams_NG), ties = make_case(seed, N, G, L, D, max_match, vocab, device)
-    inputs = [t.clone() for t in (tokens_SL, lengths_S, own_N, streams_NG)]
-    want_drafts, want_len = suffix_match_drafts_reference(tokens_SL, lengths_S, own_N, streams_NG, D, max_match,
-                                                          min_match)  # fmt: skip
-    got_drafts, got_len = run(tokens_SL, lengths_S, own_N, streams_NG, D, max_match, min_match)
+    (tokens_SL, lengths_S, own_N, streams_NG, group_N), ties = make_case(seed, N, G, L, D, max_match, vocab, device)
+    inputs = [t.clone() for t in (tokens_SL, lengths_S, own_N, streams_NG, group_N)]
+    want_drafts, want_len = suffix_match_drafts_reference(tokens_SL, lengths_S, own_N, streams_NG, group_N, D,
+                                                          max_match, min_match)  # fmt: skip
+    got_drafts, got_len = run(tokens_SL, lengths_S, own_N, streams_NG, group_N, D, max_match, min_match)
     case = f"seed={seed} N={N} G={G} L={L} D={D} max_match={max_match} min_match={min_match}"
     assert got_len.dtype == want_len.dtype == got_drafts.dtype == torch.int64, case
     assert torch.equal(got_len, want_len), f"{case}: {got_len.tolist()} != {want_len.tolist()}"
     assert torch.equal(got_drafts, want_drafts), case
-    for before, after in zip(inputs, (tokens_SL, lengths_S, own_N, streams_NG), strict=True):
+    for before, after in zip(inputs, (tokens_SL, lengths_S, own_N, streams_NG, group_N), strict=True):
         assert torch.equal(before, after), f"{case}: an input changed"
     assert (want_len[-2:] == 0).all(), "padding rows draft nothing"
     for n, stream, q in ties:  # the first listed of the two tied streams wins

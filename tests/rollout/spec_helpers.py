@@ -30,7 +30,7 @@ class PartlyWrongDrafter:
         sequences = [(list(p) + c.token_ids, len(p)) for p, o in zip(prompts, outputs, strict=True) for c in o.outputs]
         return cls(sequences, vocab_size, wrong_every)
 
-    def __call__(self, tokens_SL, lengths_S, own_N, streams_NG, num_draft):
+    def __call__(self, tokens_SL, lengths_S, own_N, streams_NG, group_N, num_draft):
         device = tokens_SL.device
         if self.truth_TL.device != device:  # once, at the first (eager) call: a CUDA-graph capture copies nothing
             self.truth_TL, self.length_T = self.truth_TL.to(device), self.length_T.to(device)

@@ -1,6 +1,6 @@
-"""The device drafter (longest suffix match over the group's streams, rollout/spec/suffix_match.py) against a plain
-Python reference and hand-built cases, the draft streams kept on the device, earlier responses kept per prompt, and
-the offline replay."""
+"""The device drafter (longest suffix match over the group's streams and the other groups',
+rollout/spec/suffix_match.py) against a plain Python reference and hand-built cases, the draft streams kept on the
+device, earlier responses kept per prompt, and the offline replay."""
 
 import dataclasses
 import random
@@ -18,16 +18,19 @@ from nonstop.rollout.spec.suffix_match import suffix_match_drafts
 P = [1, 2, 3, 4, 5]
 
 
-def draft(streams: list[list[int]], mates: list[int] = (), D: int = 4, max_match: int = 16, min_match: int = 1):
-    """The draft of a row whose own stream is streams[0], drafting from itself and `mates`."""
+def draft(streams: list[list[int]], mates: list[int] = (), D: int = 4, max_match: int = 16, min_match: int = 1,
+          group: int | None = None):  # fmt: skip
+    """The draft of a row whose own stream is streams[0], drafting from itself and `mates`, the first `group` of the
+    listed streams (default: all) its group's."""
     L = max(map(len, streams)) + 2
     tokens_SL = torch.zeros(len(streams), L, dtype=torch.int32)
     for s, t in enumerate(streams):
         tokens_SL[s, : len(t)] = torch.tensor(t)
     lengths_S = torch.tensor([len(t) for t in streams])
     streams_NG = torch.tensor([[0, *mates]])
-    drafts_ND, draft_len_N = suffix_match_drafts(tokens_SL, lengths_S, torch.tensor([0]), streams_NG, D, max_match,
-                                                 min_match)  # fmt: skip
+    group_N = torch.tensor([1 + len(mates) if group is None else group])
+    drafts_ND, draft_len_N = suffix_match_drafts(tokens_SL, lengths_S, torch.tensor([0]), streams_NG, group_N, D,
+                                                 max_match, min_match)  # fmt: skip
     return drafts_ND[0][: draft_len_N[0]].tolist()
 
 
@@ -58,6 +61,18 @@ def test_a_longer_continuation_wins_between_equal_matches_then_the_later_positio
     assert draft([own, [0, 0, 0, 6, 7, 3, 3], [0, 6, 7, 4, 4, 1]], [1, 2], D=2) == [3, 3]
 
 
+def test_at_equal_matches_the_rows_own_text_wins_then_its_groups_then_another_groups():
+    own = [5, 0, 6, 7]
+    sibling, other = [6, 7, 4, 4, 4], [1, 1, 6, 7, 2, 2]  # "6 7" at positions 1 and 3
+    # The other group's match is later: it wins only as the sibling's equal (all three listed as the group's).
+    assert draft([own, sibling, other], [1, 2], D=2, group=3) == [2, 2]
+    assert draft([own, sibling, other], [1, 2], D=2, group=2) == [4, 4]
+    # The row's own earlier "6 7" beats both, though it is earlier than either.
+    assert draft([[6, 7, 8, 8, 0, 6, 7], [1, 1, 1, 6, 7, 4, 4], other], [1, 2], D=2, group=2) == [8, 8]
+    # A longer match in another group wins over a shorter one in the row's own group.
+    assert draft([[9, 6, 7], sibling, [9, 6, 7, 3, 3]], [1, 2], D=2, group=2) == [3, 3]
+
+
 def test_no_match_as_long_as_min_match_drafts_nothing():
     assert draft([[9, 8, 5], [5, 6, 7]], [1], min_match=2) == []
     assert draft([[9, 8, 5], [5, 6, 7]], [1], min_match=1) == [6, 7]
@@ -68,9 +83,10 @@ def test_siblings_in_lock_step_have_nothing_ahead_and_absent_streams_count_for_n
     assert draft([P + [6, 7], P + [6, 7, 8]], [-1, 1, -1]) == [8]
 
 
-def reference_draft(streams, lengths, own, mates, D, max_match, min_match):
-    """Per candidate (stream, position): (match length, known tokens after it up to D, position), the best by that
-    order (the first stream among equals); its continuation if the match is long enough."""
+def reference_draft(streams, lengths, own, mates, group, D, max_match, min_match):
+    """Per candidate (stream, position): (match length, the stream's tier: 2 the row's own, 1 among the first `group`
+    listed, 0 another group's; known tokens after it up to D, position), the best by that order (the first stream
+    among equals); its continuation if the match is long enough."""
     x = streams[own][: lengths[own]]
     best = None
     for g, s in enumerate(mates):
@@ -84,7 +100,7 @@ def reference_draft(streams, lengths, own, mates, D, max_match, min_match):
             m = 0
             while m < max_match and m <= p and m < len(x) and tokens[p - m] == x[-1 - m]:
                 m += 1
-            key = (m, follows, p, -g)
+            key = (m, (s == own) + (g < group), follows, p, -g)
             if best is None or key > best[0]:
                 best = (key, tokens[p + 1 : p + 1 + follows])
     if best is None or best[0][0] < min_match:
@@ -101,11 +117,13 @@ def test_drafts_equal_a_plain_python_reference_on_random_streams(seed):
     lengths = [rng.randrange(1, L + 1) for _ in range(S)]
     own = list(range(4))
     mates = [[n] + rng.sample([s for s in range(S) if s != n], 3) + [-1] for n in own]
+    groups = [rng.randrange(1, 6) for _ in own]
     tokens_SL = torch.tensor(streams, dtype=torch.int32)
     drafts_ND, draft_len_N = suffix_match_drafts(tokens_SL, torch.tensor(lengths), torch.tensor(own),
-                                                 torch.tensor(mates), D, max_match, min_match)  # fmt: skip
+                                                 torch.tensor(mates), torch.tensor(groups), D, max_match,
+                                                 min_match)  # fmt: skip
     for n in own:
-        expected = reference_draft(streams, lengths, n, mates[n], D, max_match, min_match)
+        expected = reference_draft(streams, lengths, n, mates[n], groups[n], D, max_match, min_match)
         assert drafts_ND[n][: draft_len_N[n]].tolist() == expected
         assert (drafts_ND[n][draft_len_N[n] :] == 0).all()
 
@@ -126,10 +144,10 @@ def test_draft_streams_upload_what_the_device_lacks_and_free_a_finished_requests
     history.put(P, [[40, 41]])
     streams = DraftStreams(num_slots=6, capacity=16, device=torch.device("cpu"), history=history)
     a0, a1 = seq("a", [6, 7]), seq("a", [6], sample_index=1)
-    own, mates, lengths, longest = streams.plan([a0], lambda s: [a0, a1], num_streams=4)
+    own, mates, group, lengths, longest = streams.plan([a0], lambda s: [a0, a1], num_streams=4)
     streams.upload()
     slot0, slot1 = own[0], mates[0][1]
-    assert mates[0][0] == slot0 and mates[0][3] == -1 and longest == len(P) + 2
+    assert mates[0][0] == slot0 and mates[0][3] == -1 and group[0] == 3 and longest == len(P) + 2
     assert table(streams, slot0) == P + [6, 7] and table(streams, slot1) == P + [6]
     assert table(streams, mates[0][2]) == P + [40, 41]  # the prompt's earlier response
     assert lengths[slot0] == len(P) + 2
@@ -145,6 +163,32 @@ def test_draft_streams_upload_what_the_device_lacks_and_free_a_finished_requests
     assert table(streams, slot1) == P + [6, 3] and table(streams, slot0) == P + [6, 7, 8, 9]
     streams.release("a")
     assert len(streams.free) == 6 and "a" not in streams.members
+
+
+@pytest.mark.parametrize("across", [True, False])
+def test_rows_list_the_other_groups_samples_after_their_own_groups_streams(across):
+    history = ResponseHistory(max_prompts=4)
+    history.put(P, [[40, 41]])
+    streams = DraftStreams(num_slots=8, capacity=16, device=torch.device("cpu"), history=history, across_groups=across)
+    a0, a1 = seq("a", [6, 7]), seq("a", [6], sample_index=1)
+    b0, b1 = seq("b", [8], prompt=[9, 9]), seq("b", [8, 8, 8], sample_index=1, prompt=[9, 9])
+    members = {"a": [a0, a1], "b": [b0, b1]}
+    own, mates, group, _, longest = streams.plan([a0, b1], lambda s: members[s.request_id], num_streams=5)
+    slot = {s.seq_id: streams.members[s.request_id][s.seq_id] for s in (a0, a1, b0, b1)}
+    past = streams.past["a"][0][0]
+    assert group.tolist() == [3, 2]  # a: its own, its sibling, the prompt's earlier response; b: its samples
+    if across:  # then the other group's samples, in sample order, as far as num_streams reaches
+        assert mates.tolist() == [
+            [slot[a0.seq_id], slot[a1.seq_id], past, slot[b0.seq_id], slot[b1.seq_id]],
+            [slot[b1.seq_id], slot[b0.seq_id], slot[a0.seq_id], slot[a1.seq_id], -1],
+        ]
+    else:
+        assert mates.tolist() == [
+            [slot[a0.seq_id], slot[a1.seq_id], past, -1, -1],
+            [slot[b1.seq_id], slot[b0.seq_id], -1, -1, -1],
+        ]
+    assert own.tolist() == [slot[a0.seq_id], slot[b1.seq_id]]
+    assert longest == len(P) + 2  # P + [6, 7] or P + [40, 41]: the longest stream a row lists
 
 
 def test_history_keeps_the_most_recently_used_prompts():

@@ -65,6 +65,11 @@ class SpeculativeConfig:
     )
     prompt_lookup_max: int = option(16, "Longest suffix of a sequence matched against its group's text")
     prompt_lookup_min: int = option(1, "Shortest suffix match that yields a draft")
+    draft_from_other_groups: bool = option(
+        True,
+        "(nonstop) Also draft from the other prompts' samples running in the same launch, ranked below the row's own "
+        "group at equal match lengths (other problems' text shares the phrasing); false = the group's text only",
+    )
     suffix_decoding_max_cached_requests: int = option(
         10000,
         "Prompts whose latest responses are kept (least recently used out) to draft from when the prompt returns "

@@ -24,6 +24,7 @@ from nonstop.kernels.pdl import use_pdl
 
 _BLOCK = 1024  # positions per block: a few blocks for streams of a few thousand tokens, 8 per thread at 4 warps
 _NO_CANDIDATE = tl.constexpr(-1)  # a stream's score when no position has a known token after it
+_TIERS = tl.constexpr(3)  # stream tiers: rollout/spec/suffix_match.py's TIERS (the reference the tests compare)
 
 
 # Scalar arguments are not specialized: Triton would otherwise compile a variant for a value of 1 (max_match 1 made the
@@ -34,6 +35,7 @@ def _scan_stream_kernel(
     lengths_ptr,
     own_ptr,
     streams_ptr,
+    group_ptr,
     scores_ptr,
     stride_s,
     stride_n,
@@ -51,6 +53,7 @@ def _scan_stream_kernel(
     own_base = tokens_ptr + own.to(tl.int64) * stride_s
     length = tl.where(stream >= 0, tl.load(lengths_ptr + tl.maximum(stream, 0)), 0).to(tl.int32)
     base = tokens_ptr + tl.maximum(stream, 0).to(tl.int64) * stride_s
+    tier = (stream == own).to(tl.int64) + (g < tl.load(group_ptr + n)).to(tl.int64)  # rollout/spec/suffix_match.py
     # The row's latest token; -1 (matching nothing) before its first, as the reference pads.
     x0 = tl.load(own_base + own_len - 1, mask=own_len >= 1, other=-1)
     best = tl.full([BLOCK], _NO_CANDIDATE, tl.int64)
@@ -70,8 +73,9 @@ def _scan_stream_kernel(
             match += alive.to(tl.int32)
             more = tl.max(alive.to(tl.int32), axis=0) > 0
             i += 1
-        # (match, follows) then position: match * (D + 1) + follows in the high word, p (< 2**31) in the low one.
-        key = match.to(tl.int64) * (num_draft + 1) + follows
+        # (match, tier, follows) then position: (match * TIERS + tier) * (D + 1) + follows in the high word, p (< 2**31)
+        # in the low one.
+        key = (match.to(tl.int64) * _TIERS + tier) * (num_draft + 1) + follows
         best = tl.maximum(best, tl.where(candidate, (key << 32) + p, _NO_CANDIDATE))
     tl.store(scores_ptr + n * tl.num_programs(1) + g, tl.max(best, axis=0))
 
@@ -101,7 +105,7 @@ def _pick_draft_kernel(
     score = tl.max(scores, axis=0)
     key = score >> 32
     p = (score & 0xFFFFFFFF).to(tl.int32)
-    match, follows = key // (num_draft + 1), key % (num_draft + 1)
+    match, follows = key // (num_draft + 1) // _TIERS, key % (num_draft + 1)
     draft_len = tl.where((score >= 0) & (match >= min_match), follows, 0)
     stream = tl.load(streams_ptr + n * stride_n + g)
     j = tl.arange(0, BLOCK_D)
@@ -116,6 +120,7 @@ def suffix_match_drafts_triton(
     lengths_S: Tensor,
     own_N: Tensor,
     streams_NG: Tensor,
+    group_N: Tensor,
     num_draft: int,
     max_match: int,
     min_match: int,
@@ -124,6 +129,7 @@ def suffix_match_drafts_triton(
     assert max_match >= 1 and G >= 1 and num_draft >= 0
     assert tokens_SL.stride(1) == 1 and streams_NG.stride(1) == 1
     assert lengths_S.stride(0) == 1 and own_N.shape == (N,) and own_N.stride(0) == 1
+    assert group_N.shape == (N,) and group_N.stride(0) == 1
     device = tokens_SL.device
     drafts_ND = torch.empty((N, num_draft), dtype=torch.int64, device=device)
     draft_len_N = torch.empty(N, dtype=torch.int64, device=device)
@@ -136,6 +142,7 @@ def suffix_match_drafts_triton(
         lengths_S,
         own_N,
         streams_NG,
+        group_N,
         scores_NG,
         tokens_SL.stride(0),
         streams_NG.stride(0),

@@ -21,8 +21,8 @@ from nonstop.rollout.spec.streams import DraftStreams
 from nonstop.rollout.step_plan import LaunchShape
 
 # Streams a row drafts from at the most: its own, its siblings' and its prompt's earlier responses (a group of n
-# samples with history has 2n - 1 besides its own).
-MAX_GROUP_STREAMS = 32
+# samples with history has 2n - 1 besides its own), then the other groups' samples (`draft_from_other_groups`).
+MAX_DRAFT_STREAMS = 64
 SLOTS_PER_ROW = 4  # stream slots per verify row: its own, and room for finished siblings and history
 
 
@@ -50,8 +50,9 @@ class VerifyLauncher:
         self.token_budget = spec.verify_token_budget
         device, vocab = runner.device, runner.config.vocab_size
         self.history = ResponseHistory(spec.suffix_decoding_max_cached_requests)
-        self.streams = DraftStreams(SLOTS_PER_ROW * max_rows, runner.max_model_len, device, self.history)
-        self.planner = RoundPlanner(runner.rows, self.streams, max_rows, self.num_query, MAX_GROUP_STREAMS,
+        self.streams = DraftStreams(SLOTS_PER_ROW * max_rows, runner.max_model_len, device, self.history,
+                                    spec.draft_from_other_groups)  # fmt: skip
+        self.planner = RoundPlanner(runner.rows, self.streams, max_rows, self.num_query, MAX_DRAFT_STREAMS,
                                     runner.max_blocks_per_seq, runner.block_size, runner.scratch_block, vocab,
                                     device)  # fmt: skip
         self.drafter: DeviceDrafter = suffix_drafter(spec.prompt_lookup_max, spec.prompt_lookup_min)

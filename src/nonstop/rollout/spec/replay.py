@@ -6,9 +6,9 @@ known, the tokens a draft keeps are its longest prefix equal to the sample's nex
 samples after it). The replay steps every group the way the engine does: all samples start together after the
 prefill (one output token each); a step with more than `disable_by_batch_size` sequences running is a plain step
 (each moves one token on); in the drafting range every live sequence drafts (`suffix_match_drafts` over its group's
-streams as far as each got, and the history of earlier requests; as many tokens as `verify_token_budget` leaves for
-the live rows, unpadded) and moves on by what the draft keeps plus one. What
-the `auto` rule would do is not replayed: `speedup` prices a round at `cost_ratio` plain steps; `token_speedup`
+streams as far as each got, the history of earlier requests and the other running groups' samples; as many tokens as
+`verify_token_budget` leaves for the live rows, unpadded) and moves on by what the draft keeps plus one. What the
+`auto` rule would do is not replayed: `speedup` prices a round at `cost_ratio` plain steps; `token_speedup`
 prices every step and round by the tokens it computes, a fixed floor plus `token_cost` floors a token (a plain step's
 tokens are its live rows, a round's its live rows x query slots), so it weighs what wider drafts cost;
 `free_speedup` is its ceiling for the drafts (a round at a plain step's price) and `break_even_round` what a round may
@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from nonstop.config.rollout import SpeculativeConfig
-from nonstop.rollout.spec.launcher import budget_query
+from nonstop.rollout.spec.launcher import MAX_DRAFT_STREAMS, budget_query
 from nonstop.rollout.spec.suffix_match import suffix_match_drafts
 
 
@@ -83,6 +83,22 @@ class ReplayStats:
         return {**asdict(self), "acceptance_rate": self.acceptance_rate, "tokens_per_verify": self.tokens_per_verify}
 
 
+def _draft_streams(group_S: list[int], num_rows: int, running: list[int], other_groups: bool) -> torch.Tensor:
+    """[N, G] the streams each row drafts from, as the engine lists them (`DraftStreams.plan`): its own, its group's
+    (samples, then earlier responses), then, with `other_groups`, the samples of the other groups in `running`."""
+    listed = []
+    for n in range(num_rows):
+        g = group_S[n]
+        mates = [n] + [s for s, h in enumerate(group_S) if h == g and s != n]
+        if other_groups:
+            mates += [s for s in range(num_rows) if group_S[s] != g and group_S[s] in running]
+        listed.append(mates[:MAX_DRAFT_STREAMS])
+    streams_NG = torch.full((num_rows, max(map(len, listed))), -1)
+    for n, mates in enumerate(listed):
+        streams_NG[n, : len(mates)] = torch.tensor(mates)
+    return streams_NG
+
+
 def replay(
     groups: list[tuple[list[int], list[list[int]]]],
     config: SpeculativeConfig,
@@ -106,18 +122,12 @@ def replay(
     lengths_S = torch.tensor([len(p) + 1 for _, p, _ in rows] + [len(t) for _, t in past])
     end_N = torch.tensor([len(p) + len(o) for _, p, o in rows])
     group_S = [g for g, _, _ in rows] + [g for g, _ in past]
-    width = max(group_S.count(g) for g in set(group_S))
-    streams_NG = torch.full((N, width), -1)
-    for n in range(N):
-        mates = [n] + [s for s in range(len(streams)) if group_S[s] == group_S[n] and s != n]
-        streams_NG[n, : len(mates)] = torch.tensor(mates)
-    own_N = torch.arange(N)
-    tokens_SL, lengths_S, end_N, streams_NG, own_N = (
-        t.to(device) for t in (tokens_SL, lengths_S, end_N, streams_NG, own_N)
-    )
-    j_D = torch.arange(D, device=device)
+    group_N = torch.tensor([min(group_S.count(g), MAX_DRAFT_STREAMS) for g, _, _ in rows])
+    tokens_SL, lengths_S, end_N, group_N = (t.to(device) for t in (tokens_SL, lengths_S, end_N, group_N))
+    j_D, own_N = torch.arange(D, device=device), torch.arange(N, device=device)
     stats.plain_steps = int((end_N - lengths_S[:N]).max())
     stats.plain_tokens = int((end_N - lengths_S[:N]).sum())
+    running, streams_NG = None, None
     while True:
         live_N = lengths_S[:N] < end_N
         num_live = int(live_N.sum())
@@ -128,9 +138,16 @@ def replay(
             lengths_S[:N] += live_N.long()
             stats.plain_row_steps += num_live
             continue
+        live = live_N.nonzero().flatten()
+        groups_live = sorted({group_S[n] for n in live.tolist()})
+        if groups_live != running:  # the engine's launch holds the groups with a running row
+            running = groups_live
+            streams_NG = _draft_streams(group_S, N, running, config.draft_from_other_groups).to(device)
         d = budget_query(num_live, D + 1, config.verify_token_budget) - 1
-        drafts_ND, draft_len_N = suffix_match_drafts(tokens_SL, lengths_S, own_N, streams_NG, d,
-                                                     config.prompt_lookup_max, config.prompt_lookup_min)  # fmt: skip
+        drafts, lens = suffix_match_drafts(tokens_SL, lengths_S, live, streams_NG[live], group_N[live], d,
+                                           config.prompt_lookup_max, config.prompt_lookup_min)  # fmt: skip
+        drafts_ND = torch.zeros(N, d, dtype=torch.int64, device=device).index_copy_(0, live, drafts)
+        draft_len_N = torch.zeros(N, dtype=torch.int64, device=device).index_copy_(0, live, lens)
         valid_ND = j_D[:d] < draft_len_N[:, None]
         at_ND = lengths_S[:N, None] + j_D[:d]
         truth_ND = tokens_SL[own_N[:, None], at_ND.clamp(max=L - 1)]

@@ -51,7 +51,7 @@ class RoundPlanner:
         T, S = max_rows * num_query, streams.tokens_SL.shape[0]
         i64, i32, f32 = torch.int64, torch.int32, torch.float32
         layout = {name: ((max_rows,), i64) for name in ("last_token", "cached", "max_len", "kv_cap", "prompt_len",
-                                                         "own", "live", "kill")}  # fmt: skip
+                                                         "own", "group", "live", "kill")}  # fmt: skip
         layout |= {name: ((T,), i64) for name in ("top_k", "seed", "sample_index", "min_tokens")}
         layout |= {"temperature": ((T,), f32), "top_p": ((T,), f32), "lengths": ((S,), i64)}
         layout |= {"streams": ((max_rows, max_streams), i64), "stop_ids": ((max_rows, MAX_STOP_IDS), i64)}
@@ -71,7 +71,7 @@ class RoundPlanner:
         rows_N = self.rows.sync(seqs)
         use_graph = self.fits_graph(N)
         NB = self.graphs.bucket(N) if use_graph else N
-        own_N, streams_NG, lengths_S, longest = self.streams.plan(seqs, group_of, self.max_streams)
+        own_N, streams_NG, group_N, lengths_S, longest = self.streams.plan(seqs, group_of, self.max_streams)
         used = int((streams_NG >= 0).sum(axis=1).max())
         G = min(group_bucket(used), self.max_streams)
         r, B = self.rows, self.block_size
@@ -82,6 +82,7 @@ class RoundPlanner:
         host["max_len"][:N] = [seq.max_num_tokens for seq in seqs]
         host["kv_cap"][:N] = batch.kv_capacity
         host["own"][:N] = own_N
+        host["group"][:N] = group_N
         host["live"][:N] = 1
         host["kill"][:N] = 0
         host["streams"][:N] = streams_NG  # every column: the CUDA drafter reads them all (-1: none)
@@ -138,7 +139,7 @@ class RoundPlanner:
         not live, token 0 at position 0 over the scratch block and stream, sampled greedily."""
         scratch = self.streams.scratch
         for name, value in (("last_token", 0), ("cached", 0), ("max_len", 2), ("kv_cap", 0), ("prompt_len", 0),
-                            ("own", scratch), ("live", 0), ("kill", 0)):  # fmt: skip
+                            ("own", scratch), ("group", 0), ("live", 0), ("kill", 0)):  # fmt: skip
             fields[name][start:end] = value
         for name, value in (("temperature", 0), ("top_k", 0), ("top_p", 1), ("seed", 0), ("sample_index", 0),
                             ("min_tokens", 0)):  # fmt: skip

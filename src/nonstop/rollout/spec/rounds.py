@@ -28,14 +28,14 @@ from nonstop.rollout.paged_attention import AttentionMetadata, PagedAttention
 from nonstop.rollout.sampler import SamplingTensors, sample
 from nonstop.rollout.spec.suffix_match import suffix_match_drafts
 
-# drafter(tokens_SL, lengths_S, own_N, streams_NG, num_draft) -> (drafts_ND int64, draft_len_N int64): each row's
-# draft is its first draft_len_N tokens.
-DeviceDrafter = Callable[[Tensor, Tensor, Tensor, Tensor, int], tuple[Tensor, Tensor]]
+# drafter(tokens_SL, lengths_S, own_N, streams_NG, group_N, num_draft) -> (drafts_ND int64, draft_len_N int64): each
+# row's draft is its first draft_len_N tokens (suffix_match_drafts says what the arguments hold).
+DeviceDrafter = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, int], tuple[Tensor, Tensor]]
 
 
 def suffix_drafter(max_match: int, min_match: int) -> DeviceDrafter:
-    def draft(tokens_SL, lengths_S, own_N, streams_NG, num_draft):
-        return suffix_match_drafts(tokens_SL, lengths_S, own_N, streams_NG, num_draft, max_match, min_match)
+    def draft(tokens_SL, lengths_S, own_N, streams_NG, group_N, num_draft):
+        return suffix_match_drafts(tokens_SL, lengths_S, own_N, streams_NG, group_N, num_draft, max_match, min_match)
 
     return draft
 
@@ -68,7 +68,7 @@ def verify_rounds(runner, shape, dev: dict[str, Tensor], buffers: RoundBuffers, 
     N, D = T // Q, Q - 1
     cached_N, last_N, live_N = dev["cached"][:N], dev["last_token"][:N], dev["live"][:N]
     own_N, lengths_S, prompt_N = dev["own"][:N], dev["lengths"], dev["prompt_len"][:N]
-    streams_NG = dev["streams"][:N, : shape.draft_streams or None]
+    streams_NG, group_N = dev["streams"][:N, : shape.draft_streams or None], dev["group"][:N]
     window_SL = tokens_SL[:, : shape.draft_window or None]
     ids_T, positions_T, slots_T = buffers.ids_T[:T], buffers.positions_T[:T], buffers.slots_T[:T]
     sample_pos_T, min_tokens_T = buffers.sample_pos_T[:T], dev["min_tokens"][:T]
@@ -80,7 +80,7 @@ def verify_rounds(runner, shape, dev: dict[str, Tensor], buffers: RoundBuffers, 
     )  # fmt: skip
     live_N.masked_fill_(dev["kill"][:N] > 0, 0)  # rows the host ended while the launch before ran (a chain)
     for r in range(K):
-        drafts_ND, draft_len_N = drafter(window_SL, lengths_S, own_N, streams_NG, D)
+        drafts_ND, draft_len_N = drafter(window_SL, lengths_S, own_N, streams_NG, group_N, D)
         round_inputs(drafts_ND, draft_len_N, cached_N, last_N, live_N, dev["kv_cap"][:N], prompt_N,
                      dev["block_tables"][:N], ids_T, positions_T, slots_T, sample_pos_T, context_lens_N, num_query_N,
                      runner.block_size, runner.scratch_block * runner.block_size, runner.max_model_len - 1)  # fmt: skip

@@ -1,6 +1,8 @@
 """The token streams verify rounds draft from, kept on the device: one row of a [S, L] table per stream. A running
 sequence's stream is its whole token list (prompt and output so far; the rounds append what they accept); its group
-adds the finished siblings' and the latest responses to the same prompt from earlier requests (`ResponseHistory`).
+adds the finished siblings' and the latest responses to the same prompt from earlier requests (`ResponseHistory`);
+with `across_groups`, the other groups of the launch add their samples' streams after the row's group's, which the
+drafter ranks below its group's at equal match lengths (rollout/spec/suffix_match.py).
 
 The host sends only what the device lacks: each slot remembers how many of its stream's tokens the table holds, and
 a launch uploads the rest (a new stream whole, a sequence's tokens decoded by plain steps since its last verify
@@ -21,9 +23,11 @@ from nonstop.rollout.spec.history import ResponseHistory
 
 
 class DraftStreams:
-    def __init__(self, num_slots: int, capacity: int, device: torch.device, history: ResponseHistory):
+    def __init__(self, num_slots: int, capacity: int, device: torch.device, history: ResponseHistory,
+                 across_groups: bool = True):  # fmt: skip
         """`num_slots` streams of up to `capacity` tokens (+ the scratch slot)."""
         self.capacity, self.device, self.history = capacity, device, history
+        self.across_groups = across_groups
         self.tokens_SL = torch.zeros(num_slots + 1, capacity, dtype=torch.int32, device=device)
         self.scratch = num_slots
         self.held = np.zeros(num_slots + 1, dtype=np.int64)  # tokens of each slot's stream the table holds
@@ -34,12 +38,14 @@ class DraftStreams:
 
     def plan(
         self, seqs: list[Sequence], group_of: Callable[[Sequence], list[Sequence]], num_streams: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
         """For the rows `seqs` (all tokens known): each row's own slot [N], the slots it drafts from [N,
-        num_streams] (-1 padded; its own first, then its siblings, then its prompt's history), every slot's length
+        num_streams] (-1 padded; its own first, then its siblings, then its prompt's history, then, with
+        `across_groups`, the other groups' samples), how many of those are its group's [N], every slot's length
         [S + 1], and the length of the longest stream it involves. Queues the uploads of what the table lacks
-        (`upload`). A row whose group has more streams than `num_streams` drafts from the first of them."""
+        (`upload`). A row with more streams than `num_streams` drafts from the first of them."""
         own_N = np.empty(len(seqs), dtype=np.int64)
+        group_N = np.empty(len(seqs), dtype=np.int64)
         streams_NG = np.full((len(seqs), num_streams), -1, dtype=np.int64)
         self._uploads: list[tuple[int, list[int]]] = []
         requests = {}
@@ -63,24 +69,43 @@ class DraftStreams:
                     if slot is None:
                         break
                     past.append((slot, seq.prompt_token_ids + response))
-        group_slots = {}
+        group_slots, sample_slots = {}, {}
         for request_id, seq in requests.items():
             slots = []
             for member in sorted(group_of(seq), key=lambda s: s.sample_index):
                 slot = self._slot(member)
                 if slot is not None:
                     slots.append(slot)
+            sample_slots[request_id] = list(slots)
             for slot, tokens in self.past[request_id]:
                 self._sync(slot, tokens)
                 slots.append(slot)
             group_slots[request_id] = slots
+        others = {}  # per request: the other groups' samples, as many as a row may take
         longest = 0
         for n, seq in enumerate(seqs):
             own = own_N[n] = self.members[seq.request_id][seq.seq_id]
             mates = [own] + [s for s in group_slots[seq.request_id] if s != own]
-            streams_NG[n, : min(num_streams, len(mates))] = mates[:num_streams]
+            group_N[n] = min(num_streams, len(mates))
+            if self.across_groups and len(mates) < num_streams:
+                if seq.request_id not in others:
+                    others[seq.request_id] = self._others(sample_slots, seq.request_id, num_streams)
+                mates += others[seq.request_id]
+            mates = mates[:num_streams]
+            streams_NG[n, : len(mates)] = mates
             longest = max(longest, int(self.held[mates].max()))
-        return own_N, streams_NG, self.held, longest
+        return own_N, streams_NG, group_N, self.held, longest
+
+    @staticmethod
+    def _others(sample_slots: dict[str, list[int]], request_id: str, count: int) -> list[int]:
+        """The first `count` slots of the other requests' samples, request by request."""
+        slots = []
+        for other, members in sample_slots.items():
+            if len(slots) >= count:
+                break
+            if other != request_id:
+                slots += members
+        return slots[:count]
 
     def _reclaim(self, count: int, rows: set[int]) -> None:
         """Free `count` slots held for drafting only: earlier responses first, then finished sequences' streams (never

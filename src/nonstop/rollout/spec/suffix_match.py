@@ -19,6 +19,14 @@ from torch import Tensor
 from nonstop.kernels.dispatch import use_fused_index_kernel
 
 _NONE = -1  # outside a stream: matches no token (token ids are >= 0)
+TIERS = 3  # a candidate's stream: 2 the row's own, 1 its group's, 0 another group's
+
+
+def stream_tiers(own_N: Tensor, streams_NG: Tensor, group_N: Tensor) -> Tensor:
+    """[N, G] int64: each listed stream's tier (`TIERS`) for its row; the row's first `group_N` columns are its group's
+    streams."""
+    columns_G = torch.arange(streams_NG.shape[1], device=streams_NG.device)
+    return (streams_NG == own_N[:, None]).long() + (columns_G < group_N[:, None]).long()
 
 
 def suffix_match_drafts(
@@ -26,20 +34,24 @@ def suffix_match_drafts(
     lengths_S: Tensor,
     own_N: Tensor,
     streams_NG: Tensor,
+    group_N: Tensor,
     num_draft: int,
     max_match: int,
     min_match: int,
 ) -> tuple[Tensor, Tensor]:
     """Drafts [N, D] (int64, 0 past each row's draft) and their lengths [N] (int64, 0..D). Row n's own tokens are
     stream `own_N[n]`, its known tokens the first `lengths_S[own_N[n]]`; `streams_NG[n]` lists the streams it drafts
-    from (its own among them). CUDA inference takes the Triton kernel (kernels/suffix_match_triton.py), which reads
-    whole streams (their lengths bound the scan); the reference here scans `tokens_SL`'s width, which the caller may
-    cut to a window holding every stream's tokens, and the streams' columns it is given."""
+    from, its own first, and its first `group_N[n]` columns are its group's (the rest other groups'). CUDA inference
+    takes the Triton kernel (kernels/suffix_match_triton.py), which reads whole streams (their lengths bound the
+    scan); the reference here scans `tokens_SL`'s width, which the caller may cut to a window holding every stream's
+    tokens, and the streams' columns it is given."""
     if use_fused_index_kernel(tokens_SL):
         from nonstop.kernels.suffix_match_triton import suffix_match_drafts_triton
 
-        return suffix_match_drafts_triton(tokens_SL, lengths_S, own_N, streams_NG, num_draft, max_match, min_match)
-    return suffix_match_drafts_reference(tokens_SL, lengths_S, own_N, streams_NG, num_draft, max_match, min_match)
+        return suffix_match_drafts_triton(tokens_SL, lengths_S, own_N, streams_NG, group_N, num_draft, max_match,
+                                          min_match)  # fmt: skip
+    return suffix_match_drafts_reference(tokens_SL, lengths_S, own_N, streams_NG, group_N, num_draft, max_match,
+                                         min_match)  # fmt: skip
 
 
 def suffix_match_drafts_reference(
@@ -47,6 +59,7 @@ def suffix_match_drafts_reference(
     lengths_S: Tensor,
     own_N: Tensor,
     streams_NG: Tensor,
+    group_N: Tensor,
     num_draft: int,
     max_match: int,
     min_match: int,
@@ -72,9 +85,10 @@ def suffix_match_drafts_reference(
     p_L = torch.arange(L, device=device)
     follows_NGL = (len_NG[..., None] - 1 - p_L).clamp(min=0, max=num_draft)  # known tokens after p, up to D
     match_NGL = torch.where(follows_NGL > 0, match_NGL, 0)
-    # One int64 score orders (match, continuation, position); G * L < 2**31 for any table a GPU holds.
+    # One int64 score orders (match, tier, continuation, position); G * L < 2**31 for any table a GPU holds.
     G = streams_NG.shape[1]
-    score_NGL = (match_NGL * (num_draft + 1) + follows_NGL) * (G * L) + p_L
+    tier_NGL = stream_tiers(own_N, streams_NG, group_N)[..., None]
+    score_NGL = ((match_NGL * TIERS + tier_NGL) * (num_draft + 1) + follows_NGL) * (G * L) + p_L
     best_N = score_NGL.flatten(1).argmax(dim=1)
     g_N, p_N = best_N // L, best_N % L
     rows_N = torch.arange(streams_NG.shape[0], device=device)
