@@ -7,11 +7,13 @@
 #   (a) the GPU tests of speculative decoding and of the verify kernel
 #   (b) `nonstop bench spec` on the untrained model: T 0.6 / 1.0 x 8 / 64 / 256 sequences (1 / 8 / 32 prompts x 8);
 #       with BUDGET_AB=B, the 64-sequence T 0.6 case again with `verify_token_budget` B (bench_budget.json); with
+#       VARIANT="key=value ...", that case again with those speculative config keys (bench_variant.json); with
 #       TIMELINE=1, a profile of one 64-sequence generation per side (scripts/gpu/spec_timeline.py)
 #   (c) a short GRPO run on GSM8K (a lower-entropy checkpoint, as a policy mid-run) and `bench spec` on it at T 1.0
 #   (d) sync GRPO steps from that checkpoint with and without speculation, in one run (`nonstop bench spec-steps`):
 #       timing_s/gen and timing_s/step per side, paired
-# $OUT gets summary.txt, bench_untrained.json, bench_budget.json, bench_trained.json, spec_steps.json, timeline_64.json and logs.tgz
+# $OUT gets summary.txt, bench_untrained.json, bench_budget.json, bench_variant.json, bench_trained.json,
+# samples_trained.json (the checkpoint's plain samples, for offline replays), spec_steps.json, timeline_64.json and logs.tgz
 # (every log). Set NONSTOP_GIT_COMMIT to the commit that runs (the device copy's .git is stale).
 # SKIP_TESTS=1, SKIP_BENCH=1 (both benches), SKIP_UNTRAINED=1 (the untrained model's bench), SKIP_TRAIN=1 (the checkpoint of an earlier call on this machine),
 # SKIP_AB=1 skip parts. STEPS (GRPO steps of (c), default 15), LR (its learning rate, default 1e-5), AB_PAIRS (timed
@@ -41,6 +43,10 @@ TRAIN=(python3 -m nonstop train examples/gsm8k_smollm2.yaml data.train_files=/tm
   --temperatures 0.6 --prompts 8 --repeats "${REPEATS:-6}" --out "$OUT/bench_budget.json" \
   --spec ${SPEC[@]:+"${SPEC[@]}"} verify_token_budget="$BUDGET_AB"
 
+[ -z "${VARIANT:-}" ] || t bench_variant 150 python3 -m nonstop bench spec --model "$MODEL" --data "$DATA/train.jsonl" \
+  --temperatures 0.6 --prompts 8 --repeats "${REPEATS:-6}" --out "$OUT/bench_variant.json" \
+  --spec ${SPEC[@]:+"${SPEC[@]}"} $VARIANT
+
 [ -z "${TIMELINE:-}" ] || t timeline 150 python3 scripts/gpu/spec_timeline.py --model "$MODEL" --data "$DATA/train.jsonl" \
   --prompts 8 --out "$OUT/timeline_64.json" ${SPEC[@]:+--spec "${SPEC[@]}"}
 
@@ -55,7 +61,8 @@ elif [ -z "${SKIP_TRAIN:-}" ]; then
 fi
 if [ -e "$CKPT" ]; then
   [ "$CKPT" = "$MODEL" ] || [ -n "${SKIP_BENCH:-}" ] || t bench_trained "${BENCH_LIMIT:-200}" python3 -m nonstop bench spec --model "$CKPT" --data "$DATA/train.jsonl" \
-    --temperatures 1.0 --prompts 1,8,32 --repeats "${TRAINED_REPEATS:-6}" --out "$OUT/bench_trained.json" ${SPEC[@]:+--spec "${SPEC[@]}"}
+    --temperatures 1.0 --prompts 1,8,32 --repeats "${TRAINED_REPEATS:-6}" --out "$OUT/bench_trained.json" \
+    --samples "$OUT/samples_trained.json" ${SPEC[@]:+--spec "${SPEC[@]}"}
   [ -n "${SKIP_AB:-}" ] || t spec_steps 240 python3 -m nonstop bench spec-steps examples/gsm8k_smollm2.yaml --pairs "$AB_PAIRS" \
     --out "$OUT/spec_steps.json" data.train_files=/tmp/gsm8k/train.parquet data.val_files=/tmp/gsm8k/test.parquet \
     trainer.logger=[console] actor_rollout_ref.model.path="$CKPT" trainer.default_local_dir=/tmp/runs/spec_steps "${SPEC[@]/#/actor_rollout_ref.rollout.speculative.}"
@@ -75,10 +82,10 @@ def steps(path):
     return [r for r in rows if "timing_s/step" in r]
 
 
-for name in ("bench_untrained", "bench_budget", "bench_trained"):
+for name in ("bench_untrained", "bench_budget", "bench_variant", "bench_trained"):
     path = out / f"{name}.json"
     if not path.exists():
-        if name != "bench_budget":  # that one runs only with BUDGET_AB
+        if name not in ("bench_budget", "bench_variant"):  # those run only with BUDGET_AB, VARIANT
             print(f"{name}: missing")
         continue
     print(f"\n{name}: T seqs plain_s spec_s speedup x/len +history_s speedup accept tok/verify verify_frac same"

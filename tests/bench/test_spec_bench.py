@@ -21,10 +21,18 @@ def test_offline_spec_bench_replays_plain_generations(tmp_path, capsys):
     except FileNotFoundError as e:
         pytest.skip(str(e))
     assert BENCHMARKS["spec"] == "nonstop.bench.spec"
-    out = tmp_path / "spec.json"
+    out, saved = tmp_path / "spec.json", tmp_path / "samples.json"
     argv = ["--offline", "--prompts", "1", "--n", "3", "--max-tokens", "12", "--temperatures", "0.6", "--device", "cpu"]
-    assert spec.main([*argv, "--spec", "prompt_lookup_min=2", "--out", str(out)]) == 0
+    assert spec.main([*argv, "--spec", "prompt_lookup_min=2", "--out", str(out), "--samples", str(saved)]) == 0
     payload = json.loads(out.read_text())
+    # The samples written replay to the same rows without a model run (the wall times are the generations').
+    again = tmp_path / "again.json"
+    replayed = ["--offline", "--from-samples", str(saved), "--spec", "prompt_lookup_min=2", "--out", str(again)]
+    assert spec.main(replayed) == 0
+    (first,), (second,) = payload["rows"], json.loads(again.read_text())["rows"]
+    assert second == first
+    cases = json.loads(saved.read_text())
+    assert list(cases) == ["T0.6_P1"] and [len(e[0]) for e in cases["T0.6_P1"]["epochs"]] == [3, 3]
     assert payload["speculative_config"]["prompt_lookup_min"] == 2 and "torch" in payload["environment"]
     (row,) = payload["rows"]
     assert (row["temperature"], row["sequences"]) == (0.6, 3)
@@ -107,6 +115,10 @@ def test_online_case_runs_both_sides_in_turn_and_reports_each_repeats_steps():
     assert replayed["plain_steps"] == 11 and 1 <= replayed["verify_steps"] <= 11
     assert replayed["free_speedup"] >= replayed["token_speedup"] and replayed["tokens_per_verify"] >= 1.0
     assert row["round_over_plain"] is None or row["round_over_plain"] > 0
+    # For --samples: the prompts and the first two timed repeats' plain samples, n per prompt.
+    kept = row["_samples"]
+    assert kept["prompts"] == [[5, 6, 7, 8], [9, 10, 11]] and len(kept["epochs"]) == 2
+    assert all(len(e) == 2 and all(len(g) == 2 and len(g[0]) == 12 for g in e) for e in kept["epochs"])
 
 
 def test_a_rounds_cost_is_its_verify_launches_seconds_over_rounds_against_plain_decode_steps():

@@ -46,7 +46,9 @@ TOKEN_COSTS = (0.0016, 0.004)
 TARGET_SPEEDUP = 1.5
 # The issue's calibration drafter: longest suffix match of up to 6 tokens over the sequence, its siblings and the
 # prompt, 4 draft tokens, every step drafting.
-CALIBRATION = dict(prompt_lookup_max=6, num_speculative_tokens=4, disable_by_batch_size=1 << 30)
+CALIBRATION = dict(
+    prompt_lookup_max=6, num_speculative_tokens=4, disable_by_batch_size=1 << 30, draft_from_other_groups=False
+)
 
 
 # examples/gsm8k_smollm2.yaml's data.max_prompt_length: the trainer sizes its engine to that plus the responses.
@@ -80,6 +82,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "example's engine; kernel launches read it)")  # fmt: skip
     parser.add_argument("--spec", nargs="*", default=[], help="speculative config keys, key=value (YAML values)")
     parser.add_argument("--offline", action="store_true", help="replay the drafter over plain generations instead")
+    parser.add_argument("--samples", default=None, help="also write each case's plain samples here (two generations "
+                        "of the prompts: online the first two timed repeats, offline the two epochs; JSON), to replay "
+                        "drafters over later with --from-samples")  # fmt: skip
+    parser.add_argument("--from-samples", default=None, help="with --offline: replay over the samples a --samples run "
+                        "wrote (its cases, no model run) instead of generating")  # fmt: skip
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     parser.add_argument("--device", default=None)
     parser.add_argument("--out", default=None, help="JSON path (default bench/results/spec-<time>.json)")
@@ -166,7 +173,7 @@ def run_online(llm: LLM, prompts, args, temperature: float, config: SpeculativeC
     speculator = engine.speculator
     history = engine.model_runner.verify.history
     sides = {"plain": [], "spec": [], "spec_history": []}
-    spec_metrics, history_metrics, identical, replays, round_costs = [], [], [], [], []
+    spec_metrics, history_metrics, identical, replays, round_costs, kept = [], [], [], [], [], []
     captures = {side: [] for side in sides}  # seconds of CUDA-graph captures inside each timed run
     breakdown = {side: [] for side in sides}  # per repeat: `step_breakdown`
     for repeat in range(args.repeats + 1):  # the first round warms up (graph captures, autotuning)
@@ -185,6 +192,8 @@ def run_online(llm: LLM, prompts, args, temperature: float, config: SpeculativeC
         _, history_s, h_metrics = timed_generate(llm, prompts, history_params)
         if repeat == 0:
             continue
+        if len(kept) < 2:  # for --samples
+            kept.append([plain[i * args.n : (i + 1) * args.n] for i in range(len(prompts))])
         sides["plain"].append(plain_s)
         sides["spec"].append(spec_s)
         sides["spec_history"].append(history_s)
@@ -223,6 +232,7 @@ def run_online(llm: LLM, prompts, args, temperature: float, config: SpeculativeC
         # Medians over the repeats: what the drafts allow (replayed over the plain side) against what the rounds cost.
         "replay": {key: statistics.median(r[key] for r in replays) for key in replays[0]},
         "round_over_plain": statistics.median(round_costs) if round_costs else None,
+        "_samples": {"prompts": [list(p) for p in prompts], "epochs": kept},  # for --samples; not in the result
     }
 
 
@@ -239,14 +249,22 @@ def _mean_metrics(runs: list[dict]) -> dict:
     return {k.removeprefix("rollout/"): statistics.mean(r.get(k, 0.0) for r in runs) for k in keys}
 
 
-def run_offline(llm: LLM, prompts, args, temperature: float, config: SpeculativeConfig) -> dict:
-    """Plain generations (two epochs of the same prompts, other seeds) and the drafter replayed over them."""
+def generate_epochs(llm: LLM, prompts, args, temperature: float) -> dict:
+    """Two plain generations of the prompts (other seeds), as `--samples` writes them, and their wall times."""
     llm.llm_engine.speculator = None
     epochs, walls = [], []
     for epoch in range(2):
         outputs, wall, _ = timed_generate(llm, prompts, sampling(args, temperature, len(prompts), seed=epoch))
-        epochs.append([(p, outputs[i * args.n : (i + 1) * args.n]) for i, p in enumerate(prompts)])
+        epochs.append([outputs[i * args.n : (i + 1) * args.n] for i in range(len(prompts))])
         walls.append(wall)
+    return {"prompts": [list(p) for p in prompts], "epochs": epochs, "wall_s": walls}
+
+
+def run_offline(samples: dict, config: SpeculativeConfig) -> dict:
+    """The drafter replayed over two plain generations of the same prompts (`generate_epochs`' dict; the second
+    drafting from the first's responses too, as a later epoch)."""
+    epochs = [list(zip(samples["prompts"], outputs, strict=True)) for outputs in samples["epochs"]]
+    walls = samples.get("wall_s")
     calibration = dataclasses.replace(config, **CALIBRATION)
     result = {"plain_wall_s": walls, "calibration": replay(epochs[0], calibration).to_json()}
     history, target = [outputs for _, outputs in epochs[0]], TARGET_SPEEDUP
@@ -265,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     spec = {"method": "suffix", **parse_key_values(args.spec)}
     config = SpeculativeConfig(**spec)
+    if args.from_samples:
+        return replay_samples(args, config, argv)
     from nonstop.models.loading import default_model_path
 
     model = args.model or str(default_model_path())
@@ -282,18 +302,50 @@ def main(argv: list[str] | None = None) -> int:
         "speculative_config": dataclasses.asdict(config),
         "rows": [],
     }
+    samples = {}
     for temperature in args.temperatures:
         for num_prompts in args.prompts:
             prompts = gsm8k_prompts(llm.tokenizer, args.data, num_prompts)
             row = {"temperature": temperature, "prompts": num_prompts, "sequences": num_prompts * args.n}
+            key = f"T{temperature}_P{num_prompts}"
             if args.offline:
-                row.update(run_offline(llm, prompts, args, temperature, config))
+                samples[key] = generate_epochs(llm, prompts, args, temperature)
+                row.update(run_offline(samples[key], config))
             else:
                 row.update(run_online(llm, prompts, args, temperature, config))
+                samples[key] = row.pop("_samples")
+            if args.samples:
+                with open(args.samples, "w") as f:
+                    json.dump(samples, f)
             payload["rows"].append(row)
             write_result(out, payload)  # after every case: a time limit keeps the rest
             print(json.dumps(row), flush=True)
     print_table(payload["rows"], args.offline)
+    return 0
+
+
+def replay_samples(args, config: SpeculativeConfig, argv: list[str] | None) -> int:
+    """`--offline --from-samples`: `run_offline` over every case of a `--samples` file."""
+    if not args.offline:
+        raise SystemExit("--from-samples replays offline: add --offline")
+    with open(args.from_samples) as f:
+        cases = json.load(f)
+    out = args.out or default_result_path("spec")
+    payload = {"environment": environment(), "command": "nonstop bench spec " + " ".join(argv or []),
+               "settings": {k: v for k, v in vars(args).items() if k != "out"},
+               "speculative_config": dataclasses.asdict(config), "rows": []}  # fmt: skip
+    for key, samples in cases.items():
+        if len(samples["epochs"]) < 2:
+            raise SystemExit(
+                f"{args.from_samples}: case {key} holds {len(samples['epochs'])} generation(s), the "
+                "replay needs two (an online --samples run keeps its first two timed repeats)"
+            )
+        temperature, num_prompts = key.removeprefix("T").split("_P")
+        row = {"temperature": float(temperature), "prompts": int(num_prompts),
+               "sequences": sum(map(len, samples["epochs"][0])), **run_offline(samples, config)}  # fmt: skip
+        payload["rows"].append(row)
+    write_result(out, payload)
+    print_table(payload["rows"], True)
     return 0
 
 
