@@ -122,13 +122,14 @@ def test_online_case_runs_both_sides_in_turn_and_reports_each_repeats_steps():
 
 
 def test_a_rounds_cost_is_its_verify_launches_seconds_over_rounds_against_plain_decode_steps():
-    """Spec side: 0.25 s of fresh and 0.5 s of chained verify launches for 5 live rounds (the prefill and a plain
-    launch left out), 0.15 s a round; plain side: 0.9 s of decode launches and a 0.1 s read for a longest sample of
-    11 tokens, 10 decode steps of 0.1 s. Nothing verified: no ratio."""
+    """Spec side: 0.25 s of fresh and 0.5 s of chained verify launches and the 0.25 s read that ends the chain, for 5
+    live rounds (the prefill and a plain launch left out), 0.2 s a round; plain side: 0.9 s of decode launches and a
+    0.1 s read for a longest sample of 11 tokens, 10 decode steps of 0.1 s. Nothing verified: no ratio."""
     spec_steps = {"kinds": {"prefill": {"steps": 1, "s": 2.0}, "verify": {"steps": 1, "s": 0.25},
-                            "chained": {"steps": 2, "s": 0.5}, "decode": {"steps": 1, "s": 0.3}}}  # fmt: skip
+                            "chained": {"steps": 2, "s": 0.5}, "decode": {"steps": 1, "s": 0.3},
+                            "read": {"steps": 1, "s": 0.25}}}  # fmt: skip
     plain_steps = {"kinds": {"prefill": {"steps": 1, "s": 2.0}, "decode": {"steps": 2, "s": 0.9},
                              "read": {"steps": 1, "s": 0.1}}, "longest": 11}  # fmt: skip
     ratio = spec.round_over_plain(spec_steps, {"rollout/spec/num_verify_steps": 5}, plain_steps)
-    assert abs(ratio - 1.5) < 1e-12
+    assert abs(ratio - 2.0) < 1e-12
     assert spec.round_over_plain(spec_steps, {"rollout/spec/num_verify_steps": 0}, plain_steps) is None

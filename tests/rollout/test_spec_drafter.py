@@ -285,3 +285,19 @@ def test_the_offline_replay_prices_plain_steps_above_the_range_by_their_rows():
     stats = replay([([1, 2], [[3, 4, 5], [6, 7, 8]])], config)
     assert (stats.steps, stats.verify_steps, stats.plain_row_steps, stats.plain_tokens) == (2, 0, 4, 4)
     assert stats.token_speedup(0.25) == 1.0
+
+
+def test_the_offline_replay_drafts_from_the_other_groups_samples_as_the_engine_lists_them():
+    """Group 0 writes "10 11 ... 18" (sample A, done after 8 rounds) while its sample B, with nothing repeated, runs
+    one round longer; group 1's only sample writes "20 21 22" and then A's text. Its "10" is followed, in A's stream
+    only, by what it writes next, so with the other groups on it catches up with A and ends with B (9 rounds);
+    with them off nothing it drafts from holds its tokens: 11 rounds of one token, as plain decoding."""
+    from nonstop.rollout.spec.replay import replay
+
+    A = [10, 11, 12, 13, 14, 15, 16, 17, 18]
+    groups = [([1], [A, list(range(30, 40))]), ([2], [[20, 21, 22, *A]])]
+    config = SpeculativeConfig(method="suffix", prompt_lookup_min=1, num_speculative_tokens=4)
+    on = replay(groups, config)
+    off = replay(groups, dataclasses.replace(config, draft_from_other_groups=False))
+    assert (off.steps, off.plain_steps, off.accepted) == (11, 11, 0)
+    assert on.steps == 9 and on.accepted == 3

@@ -160,3 +160,35 @@ def test_a_row_drafts_only_from_its_own_groups_streams(llama, monkeypatch):
         for row, group in zip(streams_NG.tolist(), groups, strict=True):
             slots = [s for s in row if s >= 0]
             assert set(slots) <= group and row[len(slots) :] == [-1] * (len(row) - len(slots))
+
+
+@pytest.mark.parametrize("across", [True, False])
+def test_a_row_lists_its_groups_streams_first_then_the_other_groups_samples(llama, monkeypatch, across):
+    """Two prompts in one launch: every row's staged streams are its own, its group's (as many as its staged
+    `group` count), then, with draft_from_other_groups, the other request's samples; -1 after them."""
+    P, Q = random_prompts([6, 7], seed=6)
+    spec = {"draft_from_other_groups": across}
+    llm = speculative_llm(llama, block_size=4, speculative_config=spec)
+    verify = llm.llm_engine.model_runner.verify
+    planner = verify.planner
+    staged, plan = [], planner.plan
+
+    def recorded(batch, *args):
+        result = plan(batch, *args)
+        members = verify.streams.members
+        N = len(batch.seqs)
+        rows = planner.fields.host["streams"][:N].tolist(), planner.fields.host["group"][:N].tolist()
+        staged.append((rows, [(members[s.request_id][s.seq_id], s.request_id) for s in batch.seqs], dict(members)))
+        return result
+
+    monkeypatch.setattr(planner, "plan", recorded)
+    params = SamplingParams(n=3, temperature=1.0, max_tokens=12, seed=0, ignore_eos=True)
+    llm.generate([P, Q], params)
+    assert staged
+    for (streams_NG, group_N), owners, members in staged:
+        for row, count, (own, request_id) in zip(streams_NG, group_N, owners, strict=True):
+            slots = [s for s in row if s >= 0]
+            assert row[len(slots) :] == [-1] * (len(row) - len(slots)) and slots[0] == own
+            assert set(slots[:count]) == set(members[request_id].values())  # no history here: the group's samples
+            others = {s for r, m in members.items() if r != request_id for s in m.values()}
+            assert set(slots[count:]) == (others if across else set())

@@ -153,7 +153,7 @@ def replay_plain(llm: LLM, prompts, samples: list[list[int]], n: int, config: Sp
 
 def round_over_plain(spec_steps: dict, spec_metrics: dict, plain_steps: dict) -> float | None:
     """A verify round's wall time against a plain step's, from one repeat's two sides: the spec side's verify
-    launches' seconds (fresh and chained) over its rounds, against the plain side's decode seconds over its decode
+    launches' seconds (fresh and chained, and the read that ends a chain) over its rounds, against the plain side's decode seconds over its decode
     steps (its longest sample's tokens after the prefill's). The plain steps run at every row count the generation
     passes through, the rounds at those of the drafting range, so this compares with `break_even_round` only roughly.
     None where nothing verified."""
@@ -161,7 +161,8 @@ def round_over_plain(spec_steps: dict, spec_metrics: dict, plain_steps: dict) ->
     steps = plain_steps["longest"] - 1
     if not rounds or steps < 1:
         return None
-    round_s = sum(spec_steps["kinds"].get(k, {}).get("s", 0.0) for k in ("verify", "chained")) / rounds
+    # The spec side's read steps: the read of a chain's last launch, which waits for its rounds.
+    round_s = sum(spec_steps["kinds"].get(k, {}).get("s", 0.0) for k in ("verify", "chained", "read")) / rounds
     plain_s = sum(plain_steps["kinds"].get(k, {}).get("s", 0.0) for k in ("decode", "read")) / steps
     return round_s / plain_s if plain_s else None
 

@@ -83,7 +83,7 @@ class ReplayStats:
         return {**asdict(self), "acceptance_rate": self.acceptance_rate, "tokens_per_verify": self.tokens_per_verify}
 
 
-def _draft_streams(group_S: list[int], num_rows: int, running: list[int], other_groups: bool) -> torch.Tensor:
+def _draft_streams(group_S: list[int], num_rows: int, running: set[int], other_groups: bool) -> torch.Tensor:
     """[N, G] the streams each row drafts from, as the engine lists them (`DraftStreams.plan`): its own, its group's
     (samples, then earlier responses), then, with `other_groups`, the samples of the other groups in `running`."""
     listed = []
@@ -139,7 +139,7 @@ def replay(
             stats.plain_row_steps += num_live
             continue
         live = live_N.nonzero().flatten()
-        groups_live = sorted({group_S[n] for n in live.tolist()})
+        groups_live = {group_S[n] for n in live.tolist()}
         if groups_live != running:  # the engine's launch holds the groups with a running row
             running = groups_live
             streams_NG = _draft_streams(group_S, N, running, config.draft_from_other_groups).to(device)

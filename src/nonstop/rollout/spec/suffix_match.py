@@ -87,7 +87,7 @@ def suffix_match_drafts_reference(
     match_NGL = torch.where(follows_NGL > 0, match_NGL, 0)
     # One int64 score orders (match, tier, continuation, position); G * L < 2**31 for any table a GPU holds.
     G = streams_NG.shape[1]
-    tier_NGL = stream_tiers(own_N, streams_NG, group_N)[..., None]
+    tier_NGL = stream_tiers(own_N, streams_NG, group_N)[..., None] * (follows_NGL > 0)  # candidates only
     score_NGL = ((match_NGL * TIERS + tier_NGL) * (num_draft + 1) + follows_NGL) * (G * L) + p_L
     best_N = score_NGL.flatten(1).argmax(dim=1)
     g_N, p_N = best_N // L, best_N % L
