@@ -153,10 +153,10 @@ def replay_plain(llm: LLM, prompts, samples: list[list[int]], n: int, config: Sp
 
 def round_over_plain(spec_steps: dict, spec_metrics: dict, plain_steps: dict) -> float | None:
     """A verify round's wall time against a plain step's, from one repeat's two sides: the spec side's verify
-    launches' seconds (fresh and chained, and the read that ends a chain) over its rounds, against the plain side's decode seconds over its decode
-    steps (its longest sample's tokens after the prefill's). The plain steps run at every row count the generation
-    passes through, the rounds at those of the drafting range, so this compares with `break_even_round` only roughly.
-    None where nothing verified."""
+    launches' seconds (fresh and chained, and the read that ends a chain) over its rounds, against the plain side's
+    decode seconds over its decode steps (its longest sample's tokens after the prefill's). The plain steps run at
+    every row count the generation passes through, the rounds at those of the drafting range, so this compares with
+    `break_even_round` only roughly. None where nothing verified."""
     rounds = spec_metrics.get("rollout/spec/num_verify_steps", 0)
     steps = plain_steps["longest"] - 1
     if not rounds or steps < 1:
