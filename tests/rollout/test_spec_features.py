@@ -178,7 +178,8 @@ def test_a_row_lists_its_groups_streams_first_then_the_other_groups_samples(llam
         members = verify.streams.members
         N = len(batch.seqs)
         rows = planner.fields.host["streams"][:N].tolist(), planner.fields.host["group"][:N].tolist()
-        staged.append((rows, [(members[s.request_id][s.seq_id], s.request_id) for s in batch.seqs], dict(members)))
+        owners = [(members[s.request_id][s.seq_id], s.request_id) for s in batch.seqs]
+        staged.append((rows, owners, {r: dict(m) for r, m in members.items()}))  # as planned: later plans reclaim
         return result
 
     monkeypatch.setattr(planner, "plan", recorded)

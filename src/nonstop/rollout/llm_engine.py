@@ -178,7 +178,7 @@ class LLMEngine:
         outputs, self.ready = self.ready, []
         stats, spec, batch, chained = self.scheduler.stats, self.speculator, None, False
         idle_from = None  # a verify launch planned afresh: when the device ran out of work before it
-        drained = False  # this step read the launch in flight before scheduling (a verify launch's rows)
+        drained = False  # this step read the launch in flight before scheduling
         if spec is not None and spec.wants_verify(self.scheduler):
             batch = self._chained_verify()
             chained = batch is not None
